@@ -1,0 +1,1 @@
+//! vtism tiering engine.
