@@ -1,0 +1,1 @@
+//! vtism guest agent (issue: guest tracker).

@@ -1,0 +1,1 @@
+//! vtismd, the host daemon (issue: vtismd).

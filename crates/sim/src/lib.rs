@@ -1,0 +1,1 @@
+//! vtism simulator (issue: vtism sim).
