@@ -1,0 +1,105 @@
+//! A plan: the moves one round decided, in an order that is safe to execute.
+
+use crate::types::{NodeId, VmId};
+use serde::Serialize;
+use vtism_proto::Gfn;
+
+/// Why a move is in the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveKind {
+    /// Hot frames from a slow node to a fast one.
+    Promote,
+    /// Cold frames out of fast memory to make room for hotter ones.
+    Demote,
+    /// Cold frames out of fast memory to restore the free reserve (background demotion).
+    Refill,
+}
+
+/// Execution phase. Phases run in order; moves inside a phase may run in parallel.
+/// Executing phase by phase never puts a VM above its fast quota at any moment:
+/// `Promote` only fills quota that is free now, `Demote` frees, `PromoteAfterDemote` fills what
+/// `Demote` freed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Promote,
+    Demote,
+    PromoteAfterDemote,
+}
+
+/// Move `frames` guest frames starting at `gfn` of `vm` from node `from` to node `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Move {
+    pub vm: VmId,
+    pub gfn: Gfn,
+    pub frames: u64,
+    pub from: NodeId,
+    pub to: NodeId,
+    pub kind: MoveKind,
+    pub phase: Phase,
+}
+
+impl Move {
+    pub fn bytes(&self) -> u64 {
+        self.frames * vtism_proto::FRAME_SIZE
+    }
+}
+
+/// What the planner saw and decided for one VM.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct VmPlanStats {
+    pub vm: Option<VmId>,
+    /// Frames the VM may have in fast memory.
+    pub quota_frames: u64,
+    /// Free frames the planner keeps in reserve.
+    pub reserve_frames: u64,
+    /// Frames with a known placement in fast / slow memory, and with no known placement.
+    pub fast_frames: u64,
+    pub slow_frames: u64,
+    pub unknown_frames: u64,
+    /// Frames whose decayed score is at least `min_hot_score`.
+    pub hot_frames: u64,
+    /// Hot frames that are in fast memory.
+    pub hot_fast_frames: u64,
+    /// The hot set the quota allows (frames at or above the threshold key).
+    pub hot_set_frames: u64,
+    /// Threshold key of the hot set (see `hotness::Key`).
+    pub threshold_key: u16,
+    pub promote_frames: u64,
+    pub demote_frames: u64,
+    pub refill_frames: u64,
+    /// Hot-set frames left on slow memory because the round's budget ran out.
+    pub deferred_by_budget: u64,
+    /// Hot-set frames left on slow memory because no fast frame was colder by the hysteresis margin.
+    pub held_by_hysteresis: u64,
+    /// Hot-set frames left on slow memory because no fast node had free memory.
+    pub blocked_by_capacity: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PlanStats {
+    pub vms: Vec<VmPlanStats>,
+    pub promote_bytes: u64,
+    pub demote_bytes: u64,
+    pub budget_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// Moves sorted by phase; within a phase, hottest promotions and coldest demotions first.
+    pub moves: Vec<Move>,
+    pub stats: PlanStats,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.moves.is_empty()
+    }
+    pub fn moved_bytes(&self) -> u64 {
+        self.moves.iter().map(Move::bytes).sum()
+    }
+    pub fn phase(&self, p: Phase) -> impl Iterator<Item = &Move> {
+        self.moves.iter().filter(move |m| m.phase == p)
+    }
+}

@@ -1,0 +1,894 @@
+//! The vtism policy: guest hints -> hotness -> hot set per quota -> a phased plan.
+
+use crate::hotness::{key_score, FrameState, Key, Tables, KEY_BUCKETS, NODE_UNKNOWN};
+use crate::params::EngineParams;
+use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
+use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
+use crate::topology::Topology;
+use crate::types::{Nanos, NodeId, VmId};
+use vtism_proto::{Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES};
+
+/// Run a maintenance pass at least this often (in hint rounds) so stamps never wrap.
+const MAINTAIN_EVERY: u64 = 64;
+const NODES: usize = 64;
+
+/// Per-VM state: one packed `u32` per 4 KiB frame plus a few counters.
+struct VmState {
+    spec: VmSpec,
+    frames: Vec<FrameState>,
+    /// Hint rounds ingested; its low byte is the generation clock.
+    round: u64,
+    last_maintain: u64,
+    /// Frames per node, kept exact on every placement change.
+    node_frames: [u64; NODES],
+    dirty: bool,
+    last_observed: Option<Nanos>,
+    last_stats: VmPlanStats,
+}
+
+impl VmState {
+    fn place(&mut self, idx: usize, node: Option<NodeId>) {
+        let s = &mut self.frames[idx];
+        let old = s.node_raw();
+        let new = node.map_or(NODE_UNKNOWN, |n| n.0);
+        if old != new {
+            if old != NODE_UNKNOWN {
+                self.node_frames[old as usize] -= 1;
+            }
+            if new != NODE_UNKNOWN {
+                self.node_frames[new as usize] += 1;
+            }
+            s.set_node(node);
+        }
+    }
+
+    /// Dense index range of `[gfn, gfn + frames)` if it is all RAM in one range.
+    fn span(&self, gfn: Gfn, frames: u64) -> Option<std::ops::Range<usize>> {
+        if frames == 0 || !self.spec.ram.contains_span(gfn, frames) {
+            return None;
+        }
+        let start = self.spec.ram.index_of(gfn)? as usize;
+        Some(start..start + frames as usize)
+    }
+}
+
+/// Public summary of a VM for status displays and metrics.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct VmSummary {
+    pub vm: VmId,
+    pub frames: u64,
+    pub quota_frames: u64,
+    pub fast_frames: u64,
+    pub slow_frames: u64,
+    pub unknown_frames: u64,
+    pub rounds: u64,
+    pub last_observed: Option<Nanos>,
+    pub last_plan: VmPlanStats,
+}
+
+/// A unit for planning: a 4 KiB frame or a 2 MiB unit, by dense index. `frames` is how many of
+/// its frames would change tier (a unit's frames can sit on different nodes), which is what the
+/// move costs and what it does to the quota; `span` is its size.
+#[derive(Clone, Copy, Debug)]
+struct Unit {
+    idx: u32,
+    key: Key,
+    frames: u32,
+    span: u32,
+}
+
+pub struct VtismPolicy {
+    topology: Topology,
+    params: EngineParams,
+    tables: Tables,
+    vms: Vec<VmState>,
+    /// Rotates which VM plans first when fast memory is contended.
+    plans: u64,
+    is_fast: [bool; NODES],
+    /// Demotion targets per source node, nearest first.
+    slow_order: Vec<Vec<NodeId>>,
+    hist_fast: Vec<u64>,
+    hist_slow: Vec<u64>,
+}
+
+impl VtismPolicy {
+    pub fn new(
+        topology: Topology,
+        params: EngineParams,
+    ) -> Result<Self, crate::params::ParamError> {
+        params.validate()?;
+        let mut is_fast = [false; NODES];
+        for n in topology.nodes() {
+            is_fast[n.id.0 as usize] = n.tier.is_fast();
+        }
+        let slow_order = (0..NODES)
+            .map(|n| topology.slow_nodes_near(NodeId(n as u8)))
+            .collect();
+        Ok(VtismPolicy {
+            slow_order,
+            tables: Tables::new(&params),
+            topology,
+            params,
+            vms: Vec::new(),
+            plans: 0,
+            is_fast,
+            hist_fast: vec![0; KEY_BUCKETS],
+            hist_slow: vec![0; KEY_BUCKETS],
+        })
+    }
+
+    pub fn params(&self) -> &EngineParams {
+        &self.params
+    }
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    fn vm_pos(&self, vm: VmId) -> Result<usize, EngineError> {
+        self.vms
+            .binary_search_by_key(&vm, |v| v.spec.id)
+            .map_err(|_| EngineError::UnknownVm(vm))
+    }
+
+    pub fn vms(&self) -> impl Iterator<Item = VmId> + '_ {
+        self.vms.iter().map(|v| v.spec.id)
+    }
+
+    pub fn summary(&self, vm: VmId) -> Result<VmSummary, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        let (mut fast, mut slow) = (0, 0);
+        for (n, &c) in v.node_frames.iter().enumerate() {
+            if self.is_fast[n] {
+                fast += c
+            } else {
+                slow += c
+            }
+        }
+        Ok(VmSummary {
+            vm,
+            frames: v.frames.len() as u64,
+            quota_frames: v.spec.fast_quota_bytes / FRAME_SIZE,
+            fast_frames: fast,
+            slow_frames: slow,
+            unknown_frames: v.frames.len() as u64 - fast - slow,
+            rounds: v.round,
+            last_observed: v.last_observed,
+            last_plan: v.last_stats.clone(),
+        })
+    }
+
+    /// Frames per node of one VM, as the engine believes them.
+    pub fn node_frames(&self, vm: VmId) -> Result<Vec<(NodeId, u64)>, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        Ok(v.node_frames
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(n, &c)| (NodeId(n as u8), c))
+            .collect())
+    }
+
+    /// Where the engine believes a frame is.
+    pub fn frame_node(&self, vm: VmId, gfn: Gfn) -> Result<Option<NodeId>, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        let idx = v
+            .spec
+            .ram
+            .index_of(gfn)
+            .ok_or(EngineError::OutOfMap { vm, gfn, frames: 1 })?;
+        Ok(v.frames[idx as usize].node())
+    }
+
+    /// Decayed score of a frame now (0 for frames never hinted).
+    pub fn frame_score(&self, vm: VmId, gfn: Gfn) -> Result<u8, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        let idx = v
+            .spec
+            .ram
+            .index_of(gfn)
+            .ok_or(EngineError::OutOfMap { vm, gfn, frames: 1 })?;
+        Ok(self.tables.eff_score(v.frames[idx as usize], v.round as u8))
+    }
+
+    /// Heap bytes the policy holds (per-frame state and scratch).
+    pub fn memory_bytes(&self) -> usize {
+        let frames: usize = self
+            .vms
+            .iter()
+            .map(|v| v.frames.capacity() * 4 + std::mem::size_of::<VmState>())
+            .sum();
+        frames + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
+    }
+
+    fn maintain(tables: &Tables, v: &mut VmState) {
+        let r = v.round as u8;
+        for s in v.frames.iter_mut() {
+            tables.maintain(s, r);
+        }
+        v.last_maintain = v.round;
+    }
+
+    fn ingest_entries(
+        tables: &Tables,
+        v: &mut VmState,
+        entries: impl Iterator<Item = HintEntry>,
+    ) -> IngestStats {
+        let mut st = IngestStats::default();
+        v.round += 1;
+        if v.round - v.last_maintain >= MAINTAIN_EVERY {
+            Self::maintain(tables, v);
+        }
+        let r = v.round as u8;
+        for e in entries {
+            st.entries += 1;
+            let gfn = e.gfn();
+            if e.huge() {
+                if !v.spec.ram.contains_huge(gfn) {
+                    st.ignored += 1;
+                    continue;
+                }
+                let Some(idx) = v.spec.ram.index_of(gfn) else {
+                    st.ignored += 1;
+                    continue;
+                };
+                let s = &mut v.frames[idx as usize];
+                s.set_huge_head(true);
+                tables.hint(s, r, e.count(), e.write(), e.page_type());
+                st.applied += 1;
+                continue;
+            }
+            let Some(idx) = v.spec.ram.index_of(gfn) else {
+                st.ignored += 1;
+                continue;
+            };
+            let idx = idx as usize;
+            let head = gfn.huge_head();
+            let off = (gfn.0 - head.0) as usize;
+            if off != 0 && v.spec.ram.contains_huge(head) {
+                let hs = &mut v.frames[idx - off];
+                if hs.huge_head() {
+                    if hs.seen() && hs.stamp() == r {
+                        // The unit was hinted this round: the 4 KiB hint is part of it.
+                        tables.hint(hs, r, e.count(), e.write(), e.page_type());
+                        st.covered_by_huge += 1;
+                        st.applied += 1;
+                        continue;
+                    }
+                    // A 4 KiB hint inside a unit not hinted as huge this round: it was split.
+                    hs.set_huge_head(false);
+                }
+            } else if off == 0
+                && v.frames[idx].huge_head()
+                && !(v.frames[idx].seen() && v.frames[idx].stamp() == r)
+            {
+                v.frames[idx].set_huge_head(false);
+            }
+            tables.hint(&mut v.frames[idx], r, e.count(), e.write(), e.page_type());
+            st.applied += 1;
+        }
+        v.dirty = true;
+        st
+    }
+
+    /// Free frames per node for this plan: observed, or capacity minus what our VMs hold.
+    fn node_free_frames(&self, ctx: &PlanContext<'_>) -> [i64; NODES] {
+        let mut free = [0i64; NODES];
+        for n in self.topology.nodes() {
+            let used: u64 = self
+                .vms
+                .iter()
+                .map(|v| v.node_frames[n.id.0 as usize])
+                .sum();
+            free[n.id.0 as usize] = (n.capacity_bytes / FRAME_SIZE) as i64 - used as i64;
+        }
+        for &(n, bytes) in ctx.node_free_bytes {
+            if (n.0 as usize) < NODES && self.topology.node(n).is_some() {
+                free[n.0 as usize] = (bytes / FRAME_SIZE) as i64;
+            }
+        }
+        free
+    }
+
+    fn plan_vm(
+        &mut self,
+        vi: usize,
+        free: &mut NodeFree,
+        budget: &mut u64,
+        out: &mut Vec<Move>,
+    ) -> VmPlanStats {
+        let tables = &self.tables;
+        let is_fast = &self.is_fast;
+        let v = &mut self.vms[vi];
+        if v.round - v.last_maintain >= MAINTAIN_EVERY {
+            Self::maintain(tables, v);
+        }
+        let r = v.round as u8;
+        let hf = &mut self.hist_fast;
+        let hs = &mut self.hist_slow;
+        hf.iter_mut().for_each(|c| *c = 0);
+        hs.iter_mut().for_each(|c| *c = 0);
+
+        let mut stats = VmPlanStats {
+            vm: Some(v.spec.id),
+            ..Default::default()
+        };
+        let min_hot_key: Key = (tables.min_hot_score as Key) << 3;
+
+        // Pass 1: histogram of keys by tier, hot-frame count.
+        let n = v.frames.len();
+        let mut i = 0;
+        while i < n {
+            let s = v.frames[i];
+            let w = if s.huge_head() {
+                HUGE_FRAMES as usize
+            } else {
+                1
+            };
+            let node = s.node_raw();
+            if node != NODE_UNKNOWN {
+                let k = tables.key(s, r);
+                if is_fast[node as usize] {
+                    hf[k as usize] += w as u64;
+                    if k >= min_hot_key {
+                        stats.hot_fast_frames += w as u64;
+                    }
+                } else {
+                    hs[k as usize] += w as u64;
+                }
+                if k >= min_hot_key {
+                    stats.hot_frames += w as u64;
+                }
+            }
+            i += w;
+        }
+        for (node, &c) in v.node_frames.iter().enumerate() {
+            if is_fast[node] {
+                stats.fast_frames += c
+            } else {
+                stats.slow_frames += c
+            }
+        }
+        stats.unknown_frames = n as u64 - stats.fast_frames - stats.slow_frames;
+
+        let q = v.spec.fast_quota_bytes / FRAME_SIZE;
+        let reserve = ((q as f64 * self.params.reserve_fraction) as u64)
+            .max(self.params.reserve_min_bytes / FRAME_SIZE)
+            .min(q / 4);
+        stats.quota_frames = q;
+        stats.reserve_frames = reserve;
+        let hot_cap = q - reserve;
+
+        // Hot threshold: the lowest key whose frames (with all hotter ones) still fit the quota
+        // less the reserve. `t_room` is how much of bucket T belongs to the hot set; fast frames in
+        // T keep their place first, so equal keys never swap.
+        let mut cum = 0u64;
+        let mut t: usize = min_hot_key as usize;
+        let mut t_room = u64::MAX;
+        for k in (min_hot_key as usize..KEY_BUCKETS).rev() {
+            let b = hf[k] + hs[k];
+            if cum + b > hot_cap {
+                t = k;
+                t_room = hot_cap - cum;
+                cum = hot_cap;
+                break;
+            }
+            cum += b;
+        }
+        stats.hot_set_frames = cum;
+        stats.threshold_key = t as Key;
+        let t_slow_room = if t_room == u64::MAX {
+            u64::MAX
+        } else {
+            t_room.saturating_sub(hf[t])
+        };
+
+        let fast_used = stats.fast_frames as i64;
+        let mut slack = hot_cap as i64 - fast_used;
+        let mut room_now = q as i64 - fast_used;
+        let refill_need = (-slack).max(0) as u64;
+
+        // How many promotion candidates exist, hottest first, within the budget.
+        let mut prom_caps = vec![0u64; KEY_BUCKETS];
+        let mut want = *budget;
+        let mut candidates = 0u64;
+        for k in (t..KEY_BUCKETS).rev() {
+            let avail = if k == t {
+                hs[k].min(t_slow_room)
+            } else {
+                hs[k]
+            };
+            candidates += avail;
+            let take = avail.min(want);
+            prom_caps[k] = take;
+            want -= take;
+        }
+        // Victims: fast frames outside the hot set, coldest first, as many as could be needed.
+        let mut vict_caps = vec![0u64; KEY_BUCKETS];
+        let mut need = candidates.min(*budget) + refill_need;
+        for k in 0..=t.min(KEY_BUCKETS - 1) {
+            if need == 0 {
+                break;
+            }
+            let avail = if k == t {
+                hf[k].saturating_sub(t_room.min(hf[k]))
+            } else {
+                hf[k]
+            };
+            let take = avail.min(need);
+            vict_caps[k] = take;
+            need -= take;
+        }
+
+        // Pass 2: collect units under the per-bucket caps (address order inside a bucket).
+        let mut proms: Vec<Unit> = Vec::new();
+        let mut victs: Vec<Unit> = Vec::new();
+        if prom_caps.iter().any(|&c| c > 0) || vict_caps.iter().any(|&c| c > 0) {
+            let mut i = 0;
+            while i < n {
+                let s = v.frames[i];
+                let w = if s.huge_head() {
+                    HUGE_FRAMES as usize
+                } else {
+                    1
+                };
+                let node = s.node_raw();
+                if node != NODE_UNKNOWN {
+                    let k = tables.key(s, r) as usize;
+                    let caps = if is_fast[node as usize] {
+                        &mut vict_caps
+                    } else {
+                        &mut prom_caps
+                    };
+                    if caps[k] > 0 {
+                        caps[k] = caps[k].saturating_sub(w as u64);
+                        let head_fast = is_fast[node as usize];
+                        let moving = if w == 1 {
+                            1
+                        } else {
+                            v.frames[i..i + w]
+                                .iter()
+                                .filter(|f| {
+                                    f.node_raw() != NODE_UNKNOWN
+                                        && is_fast[f.node_raw() as usize] == head_fast
+                                })
+                                .count() as u32
+                        };
+                        let u = Unit {
+                            idx: i as u32,
+                            key: k as Key,
+                            frames: moving,
+                            span: w as u32,
+                        };
+                        if is_fast[node as usize] {
+                            victs.push(u)
+                        } else {
+                            proms.push(u)
+                        }
+                    }
+                }
+                i += w;
+            }
+        }
+        // Bucket order: stable counting sort by key (hottest first / coldest first).
+        counting_sort(&mut proms, true);
+        counting_sort(&mut victs, false);
+
+        let spec_id = v.spec.id;
+        let home = v.spec.home_node;
+        let fast_order = self.topology.fast_nodes_near(home);
+        let mut decided: Vec<(Unit, NodeId, NodeId, MoveKind, Phase)> = Vec::new();
+        let mut vq = victs.into_iter().peekable();
+
+        let slow_order = &self.slow_order;
+        let demote = |u: Unit, from: NodeId, free: &mut NodeFree| -> Option<NodeId> {
+            let to = slow_order[from.0 as usize]
+                .iter()
+                .copied()
+                .find(|&s| free.avail_now(s) >= u.frames as i64)?;
+            free.take_now(to, u.frames as i64);
+            free.give_later(from, u.frames as i64);
+            Some(to)
+        };
+
+        // Background demotion first: restore the free reserve (coldest first, no hysteresis).
+        let mut refilled = 0u64;
+        while refilled < refill_need && *budget > 0 {
+            let Some(u) = vq.next() else { break };
+            if (u.frames as u64) > *budget {
+                continue;
+            }
+            let from = v.frames[u.idx as usize].node().unwrap_or(NodeId(0));
+            if let Some(to) = demote(u, from, free) {
+                decided.push((u, from, to, MoveKind::Refill, Phase::Demote));
+                *budget -= u.frames as u64;
+                refilled += u.frames as u64;
+                slack += u.frames as i64;
+                stats.refill_frames += u.frames as u64;
+            }
+        }
+
+        let hyst = self.params.hysteresis.min(255) as u8;
+        let mut pi = proms.into_iter();
+        while let Some(p) = pi.next() {
+            let pf = p.frames as u64;
+            if pf > *budget {
+                stats.deferred_by_budget += pf;
+                continue;
+            }
+            let from = v.frames[p.idx as usize].node().unwrap_or(NodeId(0));
+            // Victims to make room within the quota less the reserve, each colder by the margin.
+            let mut picked: Vec<(Unit, NodeId, NodeId)> = Vec::new();
+            let mut freed = 0i64;
+            let mut held = false;
+            while slack + freed < pf as i64 {
+                let Some(&vu) = vq.peek() else {
+                    held = true;
+                    break;
+                };
+                if key_score(vu.key) as u16 + hyst as u16 > key_score(p.key) as u16
+                    || vu.key >= p.key
+                {
+                    held = true;
+                    break;
+                }
+                if pf + freed as u64 + vu.frames as u64 > *budget {
+                    break;
+                }
+                vq.next();
+                let vfrom = v.frames[vu.idx as usize].node().unwrap_or(NodeId(0));
+                match demote(vu, vfrom, free) {
+                    Some(to) => {
+                        picked.push((vu, vfrom, to));
+                        freed += vu.frames as i64;
+                    }
+                    None => {
+                        stats.blocked_by_capacity += vu.frames as u64;
+                    }
+                }
+            }
+            if slack + freed < pf as i64 {
+                // Could not make room: give back what was taken for this unit and stop, since
+                // every later candidate is colder.
+                for (vu, vfrom, to) in picked {
+                    free.take_now(to, -(vu.frames as i64));
+                    free.give_later(vfrom, -(vu.frames as i64));
+                }
+                let rest: u64 = pf + pi.map(|u| u.frames as u64).sum::<u64>();
+                if held {
+                    stats.held_by_hysteresis += rest;
+                } else {
+                    stats.deferred_by_budget += rest;
+                }
+                break;
+            }
+            // Destination: phase A if the quota and a fast node have room now, else after demotions.
+            let phase_a = room_now >= pf as i64;
+            let dest = fast_order.iter().copied().find(|&f| {
+                if phase_a {
+                    free.avail_now(f) >= pf as i64
+                } else {
+                    free.avail_later(f) >= pf as i64
+                }
+            });
+            let (dest, phase) = match dest {
+                Some(d) => (
+                    d,
+                    if phase_a {
+                        Phase::Promote
+                    } else {
+                        Phase::PromoteAfterDemote
+                    },
+                ),
+                None => match fast_order
+                    .iter()
+                    .copied()
+                    .find(|&f| free.avail_later(f) >= pf as i64)
+                {
+                    Some(d) => (d, Phase::PromoteAfterDemote),
+                    None => {
+                        for (vu, vfrom, to) in picked {
+                            free.take_now(to, -(vu.frames as i64));
+                            free.give_later(vfrom, -(vu.frames as i64));
+                        }
+                        stats.blocked_by_capacity += pf;
+                        continue;
+                    }
+                },
+            };
+            if phase == Phase::Promote {
+                room_now -= pf as i64;
+                free.take_now(dest, pf as i64);
+            } else {
+                free.take_later(dest, pf as i64);
+            }
+            for (vu, vfrom, to) in picked {
+                decided.push((vu, vfrom, to, MoveKind::Demote, Phase::Demote));
+                *budget -= vu.frames as u64;
+                stats.demote_frames += vu.frames as u64;
+            }
+            slack += freed - pf as i64;
+            decided.push((p, from, dest, MoveKind::Promote, phase));
+            *budget -= pf;
+            stats.promote_frames += pf;
+        }
+
+        // Record the decisions: one move per run of frames that change tier (adjacent runs with the
+        // same nodes coalesced), and the new placement.
+        decided.sort_by_key(|d| d.4);
+        for (u, _, to, kind, phase) in decided {
+            let to_fast = is_fast[to.0 as usize];
+            for i in u.idx as usize..(u.idx + u.span) as usize {
+                let node = v.frames[i].node_raw();
+                if node == NODE_UNKNOWN || is_fast[node as usize] == to_fast {
+                    continue;
+                }
+                let from = NodeId(node);
+                let gfn = v.spec.ram.gfn_at(i as u64).unwrap_or(Gfn(0));
+                v.place(i, Some(to));
+                match out.last_mut() {
+                    Some(m)
+                        if m.vm == spec_id
+                            && m.from == from
+                            && m.to == to
+                            && m.kind == kind
+                            && m.phase == phase
+                            && m.gfn.0 + m.frames == gfn.0
+                            && v.spec.ram.contains_span(m.gfn, m.frames + 1) =>
+                    {
+                        m.frames += 1
+                    }
+                    _ => out.push(Move {
+                        vm: spec_id,
+                        gfn,
+                        frames: 1,
+                        from,
+                        to,
+                        kind,
+                        phase,
+                    }),
+                }
+            }
+        }
+        v.dirty = false;
+        v.last_stats = stats.clone();
+        stats
+    }
+}
+
+/// Fast-memory and node capacity bookkeeping during one plan. `now` is what nodes can take
+/// before any demotion of this plan runs; `later` adds what demotions free.
+struct NodeFree {
+    now: [i64; NODES],
+    later: [i64; NODES],
+}
+
+impl NodeFree {
+    fn avail_now(&self, n: NodeId) -> i64 {
+        self.now[n.0 as usize]
+    }
+    fn avail_later(&self, n: NodeId) -> i64 {
+        self.now[n.0 as usize] + self.later[n.0 as usize]
+    }
+    fn take_now(&mut self, n: NodeId, f: i64) {
+        self.now[n.0 as usize] -= f;
+    }
+    fn take_later(&mut self, n: NodeId, f: i64) {
+        // Consume freed room first, then free room.
+        let l = &mut self.later[n.0 as usize];
+        let from_later = f.min(*l).max(0);
+        *l -= from_later;
+        self.now[n.0 as usize] -= f - from_later;
+    }
+    fn give_later(&mut self, n: NodeId, f: i64) {
+        self.later[n.0 as usize] += f;
+    }
+}
+
+fn counting_sort(units: &mut Vec<Unit>, descending: bool) {
+    if units.len() < 2 {
+        return;
+    }
+    let mut count = vec![0usize; KEY_BUCKETS + 1];
+    for u in units.iter() {
+        let k = if descending {
+            KEY_BUCKETS - 1 - u.key as usize
+        } else {
+            u.key as usize
+        };
+        count[k + 1] += 1;
+    }
+    for k in 1..count.len() {
+        count[k] += count[k - 1];
+    }
+    let mut out = vec![
+        Unit {
+            idx: 0,
+            key: 0,
+            frames: 0,
+            span: 0
+        };
+        units.len()
+    ];
+    for u in units.iter() {
+        let k = if descending {
+            KEY_BUCKETS - 1 - u.key as usize
+        } else {
+            u.key as usize
+        };
+        out[count[k]] = *u;
+        count[k] += 1;
+    }
+    *units = out;
+}
+
+impl Policy for VtismPolicy {
+    fn name(&self) -> &str {
+        "vtism"
+    }
+
+    fn add_vm(&mut self, spec: VmSpec) -> Result<(), EngineError> {
+        let frames = spec.ram.frames();
+        if frames > u32::MAX as u64 - HUGE_FRAMES {
+            return Err(EngineError::VmTooLarge {
+                vm: spec.id,
+                frames,
+            });
+        }
+        if let Some(h) = spec.home_node {
+            if self.topology.node(h).is_none() {
+                return Err(EngineError::UnknownNode(h));
+            }
+        }
+        let pos = match self.vms.binary_search_by_key(&spec.id, |v| v.spec.id) {
+            Ok(_) => return Err(EngineError::DuplicateVm(spec.id)),
+            Err(p) => p,
+        };
+        let st = VmState {
+            frames: vec![FrameState::NEW; frames as usize],
+            spec,
+            round: 0,
+            last_maintain: 0,
+            node_frames: [0; NODES],
+            dirty: true,
+            last_observed: None,
+            last_stats: VmPlanStats::default(),
+        };
+        self.vms.insert(pos, st);
+        Ok(())
+    }
+
+    fn remove_vm(&mut self, vm: VmId) -> Result<(), EngineError> {
+        let p = self.vm_pos(vm)?;
+        self.vms.remove(p);
+        Ok(())
+    }
+
+    fn set_quota(&mut self, vm: VmId, fast_quota_bytes: u64) -> Result<(), EngineError> {
+        let p = self.vm_pos(vm)?;
+        let v = &mut self.vms[p];
+        if v.spec.fast_quota_bytes != fast_quota_bytes {
+            v.spec.fast_quota_bytes = fast_quota_bytes;
+            v.dirty = true;
+        }
+        Ok(())
+    }
+
+    fn observe(
+        &mut self,
+        vm: VmId,
+        obs: Observation<'_>,
+        now: Nanos,
+    ) -> Result<IngestStats, EngineError> {
+        let p = self.vm_pos(vm)?;
+        let tables = &self.tables;
+        let v = &mut self.vms[p];
+        v.last_observed = Some(now);
+        Ok(match obs {
+            Observation::Hints { entries, .. } => {
+                Self::ingest_entries(tables, v, entries.iter().copied())
+            }
+            Observation::Accesses(acc) => Self::ingest_entries(
+                tables,
+                v,
+                acc.iter().filter(|a| a.reads + a.writes > 0).map(|a| {
+                    HintEntry::new(
+                        a.gfn,
+                        a.reads.saturating_add(a.writes),
+                        a.writes > 0,
+                        a.page_type,
+                        false,
+                        true,
+                    )
+                }),
+            ),
+        })
+    }
+
+    fn set_placement(
+        &mut self,
+        vm: VmId,
+        gfn: Gfn,
+        frames: u64,
+        node: Option<NodeId>,
+    ) -> Result<(), EngineError> {
+        if let Some(n) = node {
+            if self.topology.node(n).is_none() {
+                return Err(EngineError::UnknownNode(n));
+            }
+        }
+        let p = self.vm_pos(vm)?;
+        let v = &mut self.vms[p];
+        let span = v
+            .span(gfn, frames)
+            .ok_or(EngineError::OutOfMap { vm, gfn, frames })?;
+        for i in span {
+            v.place(i, node);
+        }
+        v.dirty = true;
+        Ok(())
+    }
+
+    fn plan(&mut self, ctx: &PlanContext<'_>, _now: Nanos) -> Plan {
+        let budget_bytes = ctx
+            .budget_bytes
+            .unwrap_or(self.params.round_budget_bytes)
+            .min(self.params.round_budget_bytes);
+        let mut budget = budget_bytes / FRAME_SIZE;
+        let mut free = NodeFree {
+            now: self.node_free_frames(ctx),
+            later: [0; NODES],
+        };
+        let mut moves = Vec::new();
+        let mut stats = PlanStats {
+            budget_bytes,
+            ..Default::default()
+        };
+        let n = self.vms.len();
+        let start = if n == 0 {
+            0
+        } else {
+            (self.plans % n as u64) as usize
+        };
+        self.plans += 1;
+        for j in 0..n {
+            let vi = (start + j) % n;
+            if !self.vms[vi].dirty {
+                continue;
+            }
+            let s = self.plan_vm(vi, &mut free, &mut budget, &mut moves);
+            stats.vms.push(s);
+        }
+        // Execution order across VMs: by phase, stable.
+        moves.sort_by_key(|m| m.phase);
+        for m in &moves {
+            match m.kind {
+                MoveKind::Promote => stats.promote_bytes += m.bytes(),
+                MoveKind::Demote | MoveKind::Refill => stats.demote_bytes += m.bytes(),
+            }
+        }
+        Plan { moves, stats }
+    }
+}
+
+impl VtismPolicy {
+    /// Mark every VM for planning (after a topology or parameter change, or a reconcile).
+    pub fn mark_all_dirty(&mut self) {
+        self.vms.iter_mut().for_each(|v| v.dirty = true);
+    }
+
+    /// Page type the engine last heard for a frame.
+    pub fn frame_type(&self, vm: VmId, gfn: Gfn) -> Result<PageType, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        let idx = v
+            .spec
+            .ram
+            .index_of(gfn)
+            .ok_or(EngineError::OutOfMap { vm, gfn, frames: 1 })?;
+        Ok(v.frames[idx as usize].page_type())
+    }
+
+    /// The VM's RAM map.
+    pub fn ram(&self, vm: VmId) -> Result<&RamMap, EngineError> {
+        Ok(&self.vms[self.vm_pos(vm)?].spec.ram)
+    }
+}
