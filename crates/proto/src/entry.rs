@@ -43,7 +43,14 @@ pub struct HintEntry(pub u64);
 
 impl HintEntry {
     /// Builds an entry; out-of-range values are masked (count saturates at 255).
-    pub fn new(gfn: Gfn, count: u32, write: bool, page_type: PageType, huge: bool, young: bool) -> Self {
+    pub fn new(
+        gfn: Gfn,
+        count: u32,
+        write: bool,
+        page_type: PageType,
+        huge: bool,
+        young: bool,
+    ) -> Self {
         let mut e = gfn.0 & GFN_MASK;
         e |= (count.min(255) as u64) << COUNT_SHIFT;
         if write {
@@ -78,6 +85,17 @@ impl HintEntry {
     }
     pub const fn reserved_bits(self) -> u64 {
         self.0 & RESERVED_MASK
+    }
+    /// The wire words under a slice of entries, so a round is copied straight into its entries.
+    pub fn as_words_mut(entries: &mut [HintEntry]) -> &mut [u64] {
+        // SAFETY: `HintEntry` is `repr(transparent)` over `u64`, so the slices have the same
+        // layout, length and validity; the borrow is carried over unchanged.
+        unsafe { std::slice::from_raw_parts_mut(entries.as_mut_ptr().cast::<u64>(), entries.len()) }
+    }
+    /// The wire words under a slice of entries.
+    pub fn as_words(entries: &[HintEntry]) -> &[u64] {
+        // SAFETY: as in `as_words_mut`.
+        unsafe { std::slice::from_raw_parts(entries.as_ptr().cast::<u64>(), entries.len()) }
     }
     /// 4 KiB frames this entry covers.
     pub const fn frames(self) -> u64 {

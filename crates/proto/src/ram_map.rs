@@ -48,7 +48,11 @@ impl RamMap {
     pub fn new(mut ranges: Vec<GfnRange>) -> Result<Self, RamMapError> {
         for (index, r) in ranges.iter().enumerate() {
             if r.end <= r.start {
-                return Err(RamMapError::EmptyRange { index, start: r.start, end: r.end });
+                return Err(RamMapError::EmptyRange {
+                    index,
+                    start: r.start,
+                    end: r.end,
+                });
             }
         }
         ranges.sort_by_key(|r| r.start);
@@ -56,12 +60,19 @@ impl RamMap {
         let mut total = 0u64;
         for (index, r) in ranges.iter().enumerate() {
             if index > 0 && r.start < ranges[index - 1].end {
-                return Err(RamMapError::Unsorted { index, start: r.start });
+                return Err(RamMapError::Unsorted {
+                    index,
+                    start: r.start,
+                });
             }
             first_index.push(total);
             total += r.frames();
         }
-        Ok(RamMap { ranges, first_index, total })
+        Ok(RamMap {
+            ranges,
+            first_index,
+            total,
+        })
     }
 
     /// One range `[0, frames)`: a guest with no holes (tests, simulator).
@@ -103,6 +114,29 @@ impl RamMap {
         }
     }
 
+    /// True if every frame of `[gfn, gfn + frames)` is RAM, even across adjacent ranges (the
+    /// channel's rule: a 2 MiB unit may straddle two adjacent QEMU regions).
+    pub fn contains_frames(&self, gfn: Gfn, frames: u64) -> bool {
+        let (Some(mut k), Some(end)) = (self.range_of(gfn), gfn.checked_add(frames)) else {
+            return false;
+        };
+        while let Some(r) = self.ranges.get(k) {
+            if end <= r.end {
+                return true;
+            }
+            match self.ranges.get(k + 1) {
+                Some(next) if next.start == r.end => k += 1,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    /// The range holding `gfn`, if it is RAM.
+    pub fn range_containing(&self, gfn: Gfn) -> Option<GfnRange> {
+        self.range_of(gfn).and_then(|k| self.ranges.get(k).copied())
+    }
+
     /// True if the 2 MiB unit starting at `head` is wholly RAM.
     pub fn contains_huge(&self, head: Gfn) -> bool {
         head.is_huge_aligned() && self.contains_span(head, HUGE_FRAMES)
@@ -110,7 +144,8 @@ impl RamMap {
 
     /// Dense index of a RAM frame.
     pub fn index_of(&self, gfn: Gfn) -> Option<u64> {
-        self.range_of(gfn).map(|k| self.first_index[k] + (gfn.0 - self.ranges[k].start.0))
+        self.range_of(gfn)
+            .map(|k| self.first_index[k] + (gfn.0 - self.ranges[k].start.0))
     }
 
     /// The frame at a dense index.
@@ -124,7 +159,10 @@ impl RamMap {
 
     /// Dense index ranges `[first, end)` of each RAM range, in address order.
     pub fn index_spans(&self) -> impl Iterator<Item = (GfnRange, u64)> + '_ {
-        self.ranges.iter().copied().zip(self.first_index.iter().copied())
+        self.ranges
+            .iter()
+            .copied()
+            .zip(self.first_index.iter().copied())
     }
 }
 
@@ -148,12 +186,45 @@ mod tests {
         assert!(m.contains_huge(Gfn(0x100000)));
         assert!(!m.contains_huge(Gfn(0x7fe01)));
         assert!(!m.contains_span(Gfn(0x7ff00), 512));
+        assert!(!m.contains_frames(Gfn(0x7ff00), 512));
+        assert!(m.contains_frames(Gfn(0x13fe00), 512));
+        assert!(!m.contains_frames(Gfn(0x13fe01), 512));
+        assert_eq!(
+            m.range_containing(Gfn(0x100001)),
+            Some(GfnRange::new(Gfn(0x100000), Gfn(0x140000)))
+        );
+        assert_eq!(m.range_containing(Gfn(0x80000)), None);
+    }
+
+    #[test]
+    fn frames_may_cross_adjacent_ranges_only() {
+        let m = RamMap::new(vec![
+            GfnRange::new(Gfn(0), Gfn(0x100)),
+            GfnRange::new(Gfn(0x100), Gfn(0x300)),
+            GfnRange::new(Gfn(0x400), Gfn(0x600)),
+        ])
+        .unwrap();
+        assert!(m.contains_frames(Gfn(0), 0x200));
+        assert!(
+            !m.contains_span(Gfn(0), 0x200),
+            "contains_span keeps to one range"
+        );
+        assert!(m.contains_frames(Gfn(0xff), 0x201));
+        assert!(
+            !m.contains_frames(Gfn(0x200), 0x200),
+            "hole at 0x300..0x400"
+        );
+        assert!(!m.contains_frames(Gfn(0x5ff), 2));
+        assert!(!m.contains_frames(Gfn(u64::MAX), 2));
     }
 
     #[test]
     fn rejects_overlap_and_empty() {
         assert!(matches!(
-            RamMap::new(vec![GfnRange::new(Gfn(0), Gfn(10)), GfnRange::new(Gfn(5), Gfn(20))]),
+            RamMap::new(vec![
+                GfnRange::new(Gfn(0), Gfn(10)),
+                GfnRange::new(Gfn(5), Gfn(20))
+            ]),
             Err(RamMapError::Unsorted { .. })
         ));
         assert!(matches!(
