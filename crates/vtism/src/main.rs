@@ -1,1 +1,79 @@
-fn main() {}
+//! `vtism`: one binary, one subcommand per part of the system.
+
+mod demo;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+const ABOUT: &str = "Tiered memory for virtual machines: keeps each VM's hot pages in fast memory \
+(local DRAM) and its cold pages in slow memory (CXL, PMem, remote DRAM), using hot-page hints the \
+guests publish through an ivshmem channel.";
+
+#[derive(Parser, Debug)]
+#[command(name = "vtism", version, about = ABOUT, propagate_version = true)]
+struct Cli {
+    /// Log filter (tracing-subscriber syntax, e.g. `info`, `vtism_host=debug`); overrides RUST_LOG.
+    #[arg(long, global = true)]
+    log: Option<String>,
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run vtismd, the host daemon: discover VMs, read their hints, move their pages.
+    Host(vtism_host::cli::HostArgs),
+    /// Query or steer a running vtismd through its control socket.
+    Ctl(vtism_host::cli::CtlArgs),
+    /// Run the guest agent: track hot pages with DAMON and publish them to the host.
+    Guest(vtism_guest::cli::GuestArgs),
+    /// Simulate placement policies (vtism and its peers) on workload and memory models.
+    #[command(subcommand)]
+    Sim(vtism_sim::cli::SimCommand),
+    /// Boot an emulated DRAM+CXL host and run the whole stack in it.
+    Testbed,
+    /// Run the tiering engine on a built-in synthetic workload and show every decision.
+    Demo(demo::DemoArgs),
+}
+
+fn init_logging(filter: Option<&str>, json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match filter {
+        Some(f) => EnvFilter::new(f),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+    };
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log.as_deref(), cli.log_json);
+    let res = match cli.cmd {
+        Cmd::Host(a) => vtism_host::cli::host_main(a),
+        Cmd::Ctl(a) => vtism_host::cli::ctl_main(a),
+        Cmd::Guest(a) => vtism_guest::cli::guest_main(a),
+        Cmd::Sim(c) => vtism_sim::cli::sim_main(c),
+        Cmd::Testbed => Err(anyhow::anyhow!(
+            "`vtism testbed` (the emulated DRAM+CXL host) is not part of this build yet; \
+             `vtism demo` runs the engine on a synthetic workload"
+        )),
+        Cmd::Demo(a) => demo::run(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vtism: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,56 @@
+# vtism: the two commands a user needs are `make demo` and `make test`; both install what they
+# need first (scripts/install-deps.sh is idempotent).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+RELEASE_BIN := target/release/vtism
+
+.PHONY: all deps deps-test deps-demo build build-release demo test test-rust test-c lint bench fuzz clean help
+
+all: build
+
+help:
+	@echo "make demo   run vtism's main job (see README)"
+	@echo "make test   run every test (what CI runs)"
+	@echo "make bench  run the criterion benchmarks (figures go to docs/performance.md)"
+	@echo "make fuzz   fuzz the channel reader (scripts/fuzz-channel.sh)"
+
+deps:
+	@scripts/install-deps.sh base
+deps-test:
+	@scripts/install-deps.sh test
+deps-demo:
+	@scripts/install-deps.sh demo
+
+build: deps
+	$(CARGO) build --workspace --all-targets
+
+build-release: deps
+	$(CARGO) build --release -p vtism
+
+demo: deps-demo build-release
+	@echo "== vtism demo: the engine on a synthetic GUPS guest, through a real channel (takes seconds)"
+	$(RELEASE_BIN) demo
+
+test: deps-test lint test-rust test-c
+	@echo "make test: all passed"
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test-rust:
+	$(CARGO) test --workspace
+
+test-c:
+	$(MAKE) -C tests/c check
+
+bench:
+	$(CARGO) bench --workspace
+
+fuzz:
+	scripts/fuzz-channel.sh
+
+clean:
+	$(CARGO) clean
+	$(MAKE) -C tests/c clean || true
