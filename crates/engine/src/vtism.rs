@@ -11,10 +11,25 @@ use vtism_proto::{Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES};
 /// Run a maintenance pass at least this often (in hint rounds) so stamps never wrap.
 const MAINTAIN_EVERY: u64 = 64;
 const NODES: usize = 64;
+/// Hints are prefetched this many entries ahead: random (cold) hints miss every cache level.
+const PREFETCH_AHEAD: usize = 16;
+
+/// A RAM range with its dense index, for lookups that remember the last range used: hints come
+/// in long runs within one range, so most lookups are one comparison.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: u64,
+    end: u64,
+    first: u64,
+}
 
 /// Per-VM state: one packed `u32` per 4 KiB frame plus a few counters.
 struct VmState {
     spec: VmSpec,
+    spans: Vec<Span>,
+    /// One bit per 512 dense frames: set where a 2 MiB unit's head is marked. Lets a 4 KiB hint
+    /// check for an enclosing unit without touching another cache line of `frames`.
+    huge_map: Vec<u64>,
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the generation clock.
     round: u64,
@@ -27,6 +42,59 @@ struct VmState {
 }
 
 impl VmState {
+    /// Range index and dense index of a frame.
+    #[inline]
+    fn locate(&self, gfn: u64, last: &mut usize) -> Option<(usize, u64)> {
+        let sp = self.spans.get(*last)?;
+        if gfn >= sp.start && gfn < sp.end {
+            return Some((*last, sp.first + (gfn - sp.start)));
+        }
+        let k = self
+            .spans
+            .partition_point(|s| s.start <= gfn)
+            .checked_sub(1)?;
+        let sp = self.spans[k];
+        if gfn < sp.end {
+            *last = k;
+            Some((k, sp.first + (gfn - sp.start)))
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn prefetch(&self, gfn: u64, last: usize) {
+        let Some(sp) = self.spans.get(last) else {
+            return;
+        };
+        if gfn >= sp.start && gfn < sp.end {
+            let idx = (sp.first + (gfn - sp.start)) as usize;
+            if let Some(f) = self.frames.get(idx) {
+                prefetch_read(f as *const FrameState as *const u8);
+            }
+        }
+    }
+
+    #[inline]
+    fn huge_bit(&self, head_idx: usize) -> bool {
+        let b = head_idx / HUGE_FRAMES as usize;
+        self.huge_map
+            .get(b / 64)
+            .is_some_and(|w| w >> (b % 64) & 1 != 0)
+    }
+
+    fn set_huge(&mut self, head_idx: usize, on: bool) {
+        self.frames[head_idx].set_huge_head(on);
+        let b = head_idx / HUGE_FRAMES as usize;
+        if let Some(w) = self.huge_map.get_mut(b / 64) {
+            if on {
+                *w |= 1 << (b % 64)
+            } else {
+                *w &= !(1 << (b % 64))
+            }
+        }
+    }
+
     fn place(&mut self, idx: usize, node: Option<NodeId>) {
         let s = &mut self.frames[idx];
         let old = s.node_raw();
@@ -211,7 +279,7 @@ impl VtismPolicy {
     fn ingest_entries(
         tables: &Tables,
         v: &mut VmState,
-        entries: impl Iterator<Item = HintEntry>,
+        entries: impl Iterator<Item = HintEntry> + Clone,
     ) -> IngestStats {
         let mut st = IngestStats::default();
         v.round += 1;
@@ -219,33 +287,36 @@ impl VtismPolicy {
             Self::maintain(tables, v);
         }
         let r = v.round as u8;
+        let mut last = 0usize;
+        let mut ahead = entries.clone().skip(PREFETCH_AHEAD);
         for e in entries {
-            st.entries += 1;
-            let gfn = e.gfn();
-            if e.huge() {
-                if !v.spec.ram.contains_huge(gfn) {
-                    st.ignored += 1;
-                    continue;
-                }
-                let Some(idx) = v.spec.ram.index_of(gfn) else {
-                    st.ignored += 1;
-                    continue;
-                };
-                let s = &mut v.frames[idx as usize];
-                s.set_huge_head(true);
-                tables.hint(s, r, e.count(), e.write(), e.page_type());
-                st.applied += 1;
-                continue;
+            if let Some(f) = ahead.next() {
+                v.prefetch(f.gfn().0, last);
             }
-            let Some(idx) = v.spec.ram.index_of(gfn) else {
+            st.entries += 1;
+            let gfn = e.gfn().0;
+            let Some((k, idx)) = v.locate(gfn, &mut last) else {
                 st.ignored += 1;
                 continue;
             };
             let idx = idx as usize;
-            let head = gfn.huge_head();
-            let off = (gfn.0 - head.0) as usize;
-            if off != 0 && v.spec.ram.contains_huge(head) {
-                let hs = &mut v.frames[idx - off];
+            let span = v.spans[k];
+            let head = gfn & !(HUGE_FRAMES - 1);
+            // The 2 MiB unit holding this frame lies wholly in the frame's range.
+            let unit_in_range = head >= span.start && head + HUGE_FRAMES <= span.end;
+            if e.huge() {
+                if gfn != head || !unit_in_range {
+                    st.ignored += 1;
+                    continue;
+                }
+                v.set_huge(idx, true);
+                tables.hint(&mut v.frames[idx], r, e.count(), e.write(), e.page_type());
+                st.applied += 1;
+                continue;
+            }
+            let head_idx = idx - (gfn - head) as usize;
+            if unit_in_range && v.huge_bit(head_idx) {
+                let hs = &mut v.frames[head_idx];
                 if hs.huge_head() {
                     if hs.seen() && hs.stamp() == r {
                         // The unit was hinted this round: the 4 KiB hint is part of it.
@@ -255,13 +326,8 @@ impl VtismPolicy {
                         continue;
                     }
                     // A 4 KiB hint inside a unit not hinted as huge this round: it was split.
-                    hs.set_huge_head(false);
+                    v.set_huge(head_idx, false);
                 }
-            } else if off == 0
-                && v.frames[idx].huge_head()
-                && !(v.frames[idx].seen() && v.frames[idx].stamp() == r)
-            {
-                v.frames[idx].set_huge_head(false);
             }
             tables.hint(&mut v.frames[idx], r, e.count(), e.write(), e.page_type());
             st.applied += 1;
@@ -314,11 +380,46 @@ impl VtismPolicy {
         };
         let min_hot_key: Key = (tables.min_hot_score as Key) << 3;
 
-        // Pass 1: histogram of keys by tier, hot-frame count.
+        // Pass 1: histogram of keys by tier, hot-frame count. Neighbouring frames mostly share a
+        // key (untouched memory, a hot array), so runs are counted in a register and flushed on
+        // change: no store-to-load chain on one bucket.
         let n = v.frames.len();
+        let frames = &mut v.frames[..];
         let mut i = 0;
+        let (mut run_key, mut run_fast, mut run_len) = (u16::MAX, false, 0u64);
+        let mut flush = |k: u16, fast: bool, len: u64, stats: &mut VmPlanStats| {
+            if len == 0 {
+                return;
+            }
+            if fast {
+                hf[k as usize] += len;
+                if k >= min_hot_key {
+                    stats.hot_fast_frames += len;
+                }
+            } else {
+                hs[k as usize] += len;
+            }
+            if k >= min_hot_key {
+                stats.hot_frames += len;
+            }
+        };
+        let mut prev = FrameState(u32::MAX); // no real state: the huge, seen and node bits all set
         while i < n {
-            let s = v.frames[i];
+            let mut s = frames[i];
+            if s == prev {
+                // Same state, same key: extend the run (identical states share the huge bit too);
+                // a run of unknown placement (run_key MAX) is not counted.
+                let w = if s.huge_head() { HUGE_FRAMES } else { 1 };
+                if run_key != u16::MAX {
+                    run_len += w;
+                }
+                i += w as usize;
+                continue;
+            }
+            if tables.maintain(&mut s, r) {
+                frames[i] = s;
+            }
+            prev = s;
             let w = if s.huge_head() {
                 HUGE_FRAMES as usize
             } else {
@@ -327,20 +428,21 @@ impl VtismPolicy {
             let node = s.node_raw();
             if node != NODE_UNKNOWN {
                 let k = tables.key(s, r);
-                if is_fast[node as usize] {
-                    hf[k as usize] += w as u64;
-                    if k >= min_hot_key {
-                        stats.hot_fast_frames += w as u64;
-                    }
+                let fast = is_fast[node as usize];
+                if k == run_key && fast == run_fast {
+                    run_len += w as u64;
                 } else {
-                    hs[k as usize] += w as u64;
+                    flush(run_key, run_fast, run_len, &mut stats);
+                    (run_key, run_fast, run_len) = (k, fast, w as u64);
                 }
-                if k >= min_hot_key {
-                    stats.hot_frames += w as u64;
-                }
+            } else {
+                // Unknown placement: not counted, and ends the run.
+                flush(run_key, run_fast, run_len, &mut stats);
+                (run_key, run_fast, run_len) = (u16::MAX, false, 0);
             }
             i += w;
         }
+        flush(run_key, run_fast, run_len, &mut stats);
         for (node, &c) in v.node_frames.iter().enumerate() {
             if is_fast[node] {
                 stats.fast_frames += c
@@ -684,6 +786,17 @@ impl NodeFree {
     }
 }
 
+#[inline(always)]
+fn prefetch_read(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint; it never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 fn counting_sort(units: &mut Vec<Unit>, descending: bool) {
     if units.len() < 2 {
         return;
@@ -743,7 +856,18 @@ impl Policy for VtismPolicy {
             Ok(_) => return Err(EngineError::DuplicateVm(spec.id)),
             Err(p) => p,
         };
+        let spans = spec
+            .ram
+            .index_spans()
+            .map(|(r, first)| Span {
+                start: r.start.0,
+                end: r.end.0,
+                first,
+            })
+            .collect();
         let st = VmState {
+            huge_map: vec![0; (frames as usize / HUGE_FRAMES as usize) / 64 + 1],
+            spans,
             frames: vec![FrameState::NEW; frames as usize],
             spec,
             round: 0,
