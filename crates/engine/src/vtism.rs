@@ -263,7 +263,12 @@ impl VtismPolicy {
         let frames: usize = self
             .vms
             .iter()
-            .map(|v| v.frames.capacity() * 4 + std::mem::size_of::<VmState>())
+            .map(|v| {
+                v.frames.capacity() * 4
+                    + v.huge_map.capacity() * 8
+                    + v.spans.capacity() * std::mem::size_of::<Span>()
+                    + std::mem::size_of::<VmState>()
+            })
             .sum();
         frames + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
     }
@@ -856,15 +861,20 @@ impl Policy for VtismPolicy {
             Ok(_) => return Err(EngineError::DuplicateVm(spec.id)),
             Err(p) => p,
         };
-        let spans = spec
-            .ram
-            .index_spans()
-            .map(|(r, first)| Span {
-                start: r.start.0,
-                end: r.end.0,
-                first,
-            })
-            .collect();
+        // Adjacent RAM ranges have consecutive dense indexes: merge them, so a 2 MiB unit that
+        // straddles two QEMU regions (legal on the channel) is one span here. Moves still split at
+        // region boundaries (see plan_vm), where host addresses may not be contiguous.
+        let mut spans: Vec<Span> = Vec::new();
+        for (r, first) in spec.ram.index_spans() {
+            match spans.last_mut() {
+                Some(l) if l.end == r.start.0 => l.end = r.end.0,
+                _ => spans.push(Span {
+                    start: r.start.0,
+                    end: r.end.0,
+                    first,
+                }),
+            }
+        }
         let st = VmState {
             huge_map: vec![0; (frames as usize / HUGE_FRAMES as usize) / 64 + 1],
             spans,
