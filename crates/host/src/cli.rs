@@ -1,16 +1,25 @@
-//! `vtism host` and `vtism ctl`.
+//! `vtism host` (the vtismd daemon) and `vtism ctl` (its control client).
 
-use clap::Args;
+use crate::config::{Config, LogFormat};
+use crate::daemon::Daemon;
+use crate::serve::ctl_request;
+use crate::topology::HostTopology;
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
 
 /// Options of `vtism host`.
 #[derive(Args, Debug)]
 pub struct HostArgs {
-    /// Configuration file (TOML).
+    /// Configuration file (TOML). A missing default file means all defaults.
     #[arg(long, short, default_value = "/etc/vtism/vtismd.toml")]
-    pub config: std::path::PathBuf,
-    /// Validate the configuration and exit.
+    pub config: PathBuf,
+    /// Validate the configuration (and read the topology) and exit.
     #[arg(long)]
     pub check_config: bool,
+    /// Print the NUMA topology as vtismd sees it (JSON) and exit.
+    #[arg(long)]
+    pub print_topology: bool,
 }
 
 /// Options of `vtism ctl`.
@@ -18,13 +27,193 @@ pub struct HostArgs {
 pub struct CtlArgs {
     /// The daemon's control socket.
     #[arg(long, default_value = "/run/vtism/vtismd.sock")]
-    pub socket: std::path::PathBuf,
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub command: CtlCommand,
 }
 
-pub fn host_main(_args: HostArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`vtism host` (the vtismd daemon) is not part of this build yet")
+#[derive(Subcommand, Debug)]
+pub enum CtlCommand {
+    /// A table per VM: quota, fast/slow bytes, hot set, last round.
+    Status {
+        /// The daemon's full status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The NUMA nodes as the daemon sees them.
+    Nodes,
+    /// Re-read the configuration file (same as SIGHUP, but reports errors).
+    Reload,
+    /// The Prometheus metrics text.
+    Metrics,
 }
 
-pub fn ctl_main(_args: CtlArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`vtism ctl` needs the vtismd daemon, which is not part of this build yet")
+fn load_config(args: &HostArgs) -> anyhow::Result<(Config, Option<PathBuf>)> {
+    if !args.config.exists() && args.config == PathBuf::from("/etc/vtism/vtismd.toml") {
+        return Ok((Config::default(), None));
+    }
+    let cfg = Config::load(&args.config)?;
+    Ok((cfg, Some(args.config.clone())))
+}
+
+fn init_logging(cfg: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.daemon.log_level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cfg.daemon.log_format {
+        LogFormat::Json => b.json().try_init(),
+        LogFormat::Text => b.try_init(),
+    };
+}
+
+pub fn host_main(args: HostArgs) -> anyhow::Result<()> {
+    let (cfg, path) = load_config(&args)?;
+    if args.check_config || args.print_topology {
+        let topo = HostTopology::read(&cfg.daemon.sysfs_root, &cfg.topology).context("topology")?;
+        if args.print_topology {
+            println!("{}", serde_json::to_string_pretty(&topo)?);
+        } else {
+            println!(
+                "configuration OK: {} node(s) ({} fast), {} [[vm]] entr{}",
+                topo.nodes.len(),
+                topo.fast_nodes().len(),
+                cfg.vms.len(),
+                if cfg.vms.len() == 1 { "y" } else { "ies" }
+            );
+        }
+        return Ok(());
+    }
+    init_logging(&cfg);
+    crate::sys::signals::install();
+    let mut d = Daemon::new(cfg, path)?;
+    d.run()
+}
+
+fn human(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b}B")
+    } else {
+        format!("{v:.1}{}", U[i])
+    }
+}
+
+/// Renders the status JSON as the `vtism ctl status` table.
+pub fn status_table(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    let d = &v["daemon"];
+    out.push_str(&format!(
+        "vtismd pid {}  up {:.0}s  rounds {}  plans {}  cpu {:.2}s  vms {}\n",
+        d["pid"],
+        d["uptime_s"].as_f64().unwrap_or(0.0),
+        d["rounds"],
+        d["plans"],
+        d["cpu_seconds"].as_f64().unwrap_or(0.0),
+        v["vms"].as_array().map_or(0, Vec::len),
+    ));
+    out.push_str(&format!(
+        "{:<16} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9}\n",
+        "VM", "PID", "RAM", "QUOTA", "FAST", "SLOW", "HOT SET", "ROUND", "AGE", "REJECTED"
+    ));
+    for vm in v["vms"].as_array().into_iter().flatten() {
+        let b = |k: &str| human(vm[k].as_u64().unwrap_or(0));
+        let age = vm["last_round_age_s"]
+            .as_f64()
+            .map_or("-".to_string(), |a| format!("{a:.1}s"));
+        out.push_str(&format!(
+            "{:<16} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9}\n",
+            vm["name"].as_str().unwrap_or("?"),
+            vm["pid"],
+            b("ram_bytes"),
+            b("quota_bytes"),
+            b("fast_bytes"),
+            b("slow_bytes"),
+            b("hot_set_bytes"),
+            vm["last_round"],
+            age,
+            vm["rounds_rejected"],
+        ));
+        if let Some(p) = vm["channel_problem"].as_str() {
+            out.push_str(&format!("  channel: {p}\n"));
+        }
+    }
+    out
+}
+
+pub fn ctl_main(args: CtlArgs) -> anyhow::Result<()> {
+    match args.command {
+        CtlCommand::Status { json } => {
+            let v = ctl_request(&args.socket, "status")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", status_table(&v));
+            }
+        }
+        CtlCommand::Nodes => {
+            let v = ctl_request(&args.socket, "status")?;
+            println!(
+                "{:<5} {:>5} {:>7} {:>12} {:>12} {:>12}  CPUS",
+                "NODE", "TIER", "SOCKET", "TOTAL", "FREE", "VM RESIDENT"
+            );
+            for n in v["nodes"].as_array().into_iter().flatten() {
+                let cpus = n["cpus"].as_array().map_or(0, Vec::len);
+                println!(
+                    "{:<5} {:>5} {:>7} {:>12} {:>12} {:>12}  {}",
+                    n["id"],
+                    n["tier"],
+                    n["socket"],
+                    human(n["mem_total_bytes"].as_u64().unwrap_or(0)),
+                    human(n["free_bytes"].as_u64().unwrap_or(0)),
+                    human(n["vm_resident_bytes"].as_u64().unwrap_or(0)),
+                    if cpus == 0 {
+                        "none".to_string()
+                    } else {
+                        cpus.to_string()
+                    }
+                );
+            }
+        }
+        CtlCommand::Reload => {
+            ctl_request(&args.socket, "reload")?;
+            println!("reloaded");
+        }
+        CtlCommand::Metrics => {
+            let v = ctl_request(&args.socket, "metrics")?;
+            print!("{}", v["metrics"].as_str().unwrap_or(""));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_renders_rows() {
+        let v = serde_json::json!({
+            "daemon": {"pid": 7, "uptime_s": 3.0, "rounds": 5, "plans": 2, "cpu_seconds": 0.5},
+            "vms": [{"name": "web1", "pid": 99, "ram_bytes": 268435456u64, "quota_bytes": 67108864,
+                     "fast_bytes": 16777216, "slow_bytes": 251658240u64, "hot_set_bytes": 16777216,
+                     "last_round": 12, "last_round_age_s": 0.4, "rounds_rejected": 0,
+                     "channel_problem": null}]
+        });
+        let t = status_table(&v);
+        assert!(t.contains("web1"));
+        assert!(
+            t.contains("256.0MiB") && t.contains("64.0MiB") && t.contains("16.0MiB"),
+            "{t}"
+        );
+        assert!(t.lines().count() == 3);
+    }
 }

@@ -1,0 +1,416 @@
+//! Test harness for vtismd's end-to-end test (tests/host-e2e/run.sh) and benchmarks. It plays
+//! the guest (writes channel files with vtism-proto's ChannelWriter, or hostile bytes), checks
+//! page placement independently of the daemon (move_pages queries on the QEMU process), and
+//! captures QMP fixtures.
+//!
+//!   e2e-harness capture  <qmp-socket> <out-file>
+//!   e2e-harness publish  <channel> <gfn-spec> <interval-ms> [<seconds>]
+//!   e2e-harness hostile  <channel> <seconds> <ram-frames>
+//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s>
+//!   e2e-harness quota    <qmp-socket> <fast-nodes> <quota-mib> <seconds>
+//!   e2e-harness placement <qmp-socket>
+//!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
+//!   e2e-harness get      <host:port> <path>
+//!
+//! gfn-spec: `start+count[,start+count...]` in hex or decimal frames.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use vtism_host::qmp::Qmp;
+use vtism_host::sys::{self, FileMapping};
+use vtism_proto::layout::off;
+use vtism_proto::{
+    read_feedback, ChannelWriter, Gfn, HintEntry, PageType, RoundMeta, SharedRegion, Tracker,
+};
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn num(s: &str) -> R<u64> {
+    Ok(match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16)?,
+        None => s.parse()?,
+    })
+}
+
+fn spans(spec: &str) -> R<Vec<(u64, u64)>> {
+    spec.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|p| {
+            let (a, n) = p.split_once('+').ok_or("span is start+count")?;
+            Ok((num(a)?, num(n)?))
+        })
+        .collect()
+}
+
+fn in_spans(spans: &[(u64, u64)], g: u64) -> bool {
+    spans.iter().any(|&(a, n)| g >= a && g < a + n)
+}
+
+fn connect(sock: &str) -> R<Qmp> {
+    Ok(Qmp::connect(Path::new(sock), Duration::from_secs(20))?)
+}
+
+/// Node of every guest frame: (gfn, status) over the whole RAM.
+fn placement(q: &mut Qmp) -> R<(i32, Vec<(u64, i32)>)> {
+    let info = vtism_host::vm::inspect(q)?;
+    let mut out = Vec::new();
+    for r in &info.memory.ranges {
+        let gfns: Vec<u64> = (r.gfns.start.0..r.gfns.end.0).collect();
+        for chunk in gfns.chunks(65536) {
+            let addrs: Vec<u64> = chunk
+                .iter()
+                .map(|&g| info.memory.hva(Gfn(g)).unwrap_or(0))
+                .collect();
+            let mut st = vec![0i32; addrs.len()];
+            sys::move_pages(info.pid, &addrs, None, &mut st, 0)?;
+            out.extend(chunk.iter().copied().zip(st));
+        }
+    }
+    Ok((info.pid, out))
+}
+
+fn open_channel(path: &str) -> R<(FileMapping, vtism_proto::MmapRegion)> {
+    let m = FileMapping::open(Path::new(path), 1 << 30)?;
+    let r = m.region();
+    Ok((m, r))
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn publish(chan: &str, spec: &str, interval_ms: u64, seconds: Option<u64>) -> R<()> {
+    let (_m, region) = open_channel(chan)?;
+    let mut w = ChannelWriter::init(region, Tracker::Harness)?;
+    let sp = spans(spec)?;
+    let entries: Vec<HintEntry> = sp
+        .iter()
+        .flat_map(|&(a, n)| a..a + n)
+        .map(|g| HintEntry::new(Gfn(g), 8, g % 3 == 0, PageType::Anon, false, true))
+        .collect();
+    let end = seconds.map(|s| Instant::now() + Duration::from_secs(s));
+    let spec_file = format!("{chan}.spec");
+    let mut current = spec.to_string();
+    let mut entries = entries;
+    loop {
+        // The hot set can be changed while running: write a new spec into <channel>.spec.
+        if let Ok(s) = std::fs::read_to_string(&spec_file) {
+            let s = s.trim().to_string();
+            if !s.is_empty() && s != current {
+                if let Ok(sp) = spans(&s) {
+                    entries = sp
+                        .iter()
+                        .flat_map(|&(a, n)| a..a + n)
+                        .map(|g| HintEntry::new(Gfn(g), 8, false, PageType::Anon, false, true))
+                        .collect();
+                    current = s;
+                }
+            }
+        }
+        let p = w.publish(
+            &entries,
+            &RoundMeta {
+                overflow: false,
+                scan_interval_ms: interval_ms as u32,
+                scan_duration_us: 100,
+                tracked_bytes: entries.len() as u64 * 4096,
+                hot_frames: entries.len() as u64,
+                publish_time_ns: now_ns(),
+            },
+        )?;
+        if p.round % 10 == 1 {
+            eprintln!("publish: round {} entries {}", p.round, p.count);
+        }
+        if end.is_some_and(|e| Instant::now() >= e) {
+            return Ok(());
+        }
+        let wait = w.next_interval_ms(interval_ms as u32);
+        std::thread::sleep(Duration::from_millis(wait as u64));
+    }
+}
+
+/// A hostile guest: cycles through every kind of bad round, forever or for `seconds`.
+fn hostile(chan: &str, seconds: u64, ram_frames: u64) -> R<()> {
+    let (_m, region) = open_channel(chan)?;
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut phase = 0u64;
+    while Instant::now() < end {
+        let mut w = ChannelWriter::init(&region, Tracker::Harness)?;
+        let good = |g| HintEntry::new(Gfn(g), 8, false, PageType::Anon, false, true);
+        let meta = RoundMeta::default();
+        match phase % 5 {
+            0 => {
+                // Frames outside the VM's RAM.
+                let e = vec![good(1), good(ram_frames + 0x100000), good(2)];
+                w.publish(&e, &meta)?;
+            }
+            1 => {
+                // Garbage header.
+                region.store_u64(off::MAGIC, 0xdead_beef_dead_beef)?;
+                region.store_u64(off::ROUND, phase + 1000)?;
+            }
+            2 => {
+                // Torn rounds: the sequence counter moves all the time, sometimes held odd.
+                w.publish(&[good(3)], &meta)?;
+                let t = Instant::now() + Duration::from_millis(900);
+                while Instant::now() < t {
+                    let s = region.load_u64(off::SEQ)?;
+                    region.store_u64(off::SEQ, s.wrapping_add(1))?;
+                    region.store_u64(off::ROUND, s)?;
+                }
+            }
+            3 => {
+                // A flood: every slot filled with valid entries, ignoring the host's budget.
+                let cap = w.capacity();
+                let e: Vec<HintEntry> = (0..cap).map(|i| good(i % ram_frames.max(1))).collect();
+                // Bypass the writer's budget clamp by writing the words directly.
+                let words: Vec<u64> = e.iter().map(|x| x.0).collect();
+                let s = region.load_u64(off::SEQ)?;
+                region.store_u64(off::SEQ, s | 1)?;
+                region.store_words(4096, &words)?;
+                region.store_u64(off::COUNT, cap)?;
+                region.store_u64(off::ROUND, phase + 5000)?;
+                region.store_u64(off::SEQ, (s | 1) + 1)?;
+            }
+            _ => {
+                // Reserved entry bits and a misaligned 2 MiB unit.
+                let words = [
+                    good(1).0 | (1 << 60),
+                    HintEntry::new(Gfn(3), 1, false, PageType::Anon, true, true).0,
+                ];
+                let s = region.load_u64(off::SEQ)?;
+                region.store_u64(off::SEQ, s | 1)?;
+                region.store_words(4096, &words)?;
+                region.store_u64(off::COUNT, 2)?;
+                region.store_u64(off::ROUND, phase + 9000)?;
+                region.store_u64(off::SEQ, (s | 1) + 1)?;
+            }
+        }
+        phase += 1;
+        std::thread::sleep(Duration::from_millis(600));
+    }
+    Ok(())
+}
+
+fn ack_round(chan: &str) -> u64 {
+    open_channel(chan)
+        .ok()
+        .and_then(|(_m, r)| read_feedback(&r).ok().flatten())
+        .map_or(0, |f| f.ack_round)
+}
+
+/// Waits until every hot frame is on `fast` and every other frame on `slow`, checking the fast
+/// quota at every sample. Prints the rounds it took (from the host's ack_round).
+#[allow(clippy::too_many_arguments)]
+fn wait(
+    sock: &str,
+    chan: &str,
+    hot: &str,
+    fast: i32,
+    slow: i32,
+    quota_mib: u64,
+    timeout_s: u64,
+) -> R<()> {
+    let hot = spans(hot)?;
+    let mut q = connect(sock)?;
+    let start_round = ack_round(chan);
+    let t0 = Instant::now();
+    let mut samples = 0;
+    let fast_nodes: Vec<i32> = vec![0, 1];
+    loop {
+        let (_pid, pl) = placement(&mut q)?;
+        samples += 1;
+        let fast_pages = pl.iter().filter(|(_, s)| fast_nodes.contains(s)).count() as u64;
+        if fast_pages * 4096 > quota_mib << 20 {
+            return Err(format!(
+                "quota exceeded: {} MiB fast > {} MiB quota",
+                fast_pages * 4096 >> 20,
+                quota_mib
+            )
+            .into());
+        }
+        let hot_total = pl.iter().filter(|(g, _)| in_spans(&hot, *g)).count();
+        let hot_ok = pl
+            .iter()
+            .filter(|(g, s)| in_spans(&hot, *g) && *s == fast)
+            .count();
+        let cold_bad = pl
+            .iter()
+            .filter(|(g, s)| !in_spans(&hot, *g) && *s != slow && *s >= 0)
+            .count();
+        if hot_ok == hot_total && cold_bad == 0 {
+            let rounds = ack_round(chan).saturating_sub(start_round);
+            println!(
+                "converged: {hot_ok} hot frames on node {fast}, the rest on node {slow}, \
+                 fast {} MiB <= quota {quota_mib} MiB, {:.1}s, {rounds} guest rounds, {samples} samples",
+                fast_pages * 4096 >> 20,
+                t0.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(timeout_s) {
+            return Err(format!(
+                "not converged after {timeout_s}s: {hot_ok}/{hot_total} hot frames on node {fast}, \
+                 {cold_bad} other frames not on node {slow}"
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Samples a VM's fast pages for `seconds`; fails the moment they exceed the quota.
+fn quota(sock: &str, fast: &str, quota_mib: u64, seconds: u64) -> R<()> {
+    let fast: Vec<i32> = fast
+        .split(',')
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
+    let mut q = connect(sock)?;
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let (mut samples, mut max) = (0u64, 0u64);
+    while Instant::now() < end {
+        let (_pid, pl) = placement(&mut q)?;
+        let f = pl.iter().filter(|(_, s)| fast.contains(s)).count() as u64 * 4096;
+        max = max.max(f);
+        samples += 1;
+        if f > quota_mib << 20 {
+            return Err(format!("quota exceeded: {} KiB > {quota_mib} MiB", f >> 10).into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "quota held: max {} MiB fast <= {quota_mib} MiB over {samples} samples",
+        max >> 20
+    );
+    Ok(())
+}
+
+fn print_placement(sock: &str) -> R<()> {
+    let mut q = connect(sock)?;
+    let (pid, pl) = placement(&mut q)?;
+    let mut by: std::collections::BTreeMap<i32, u64> = Default::default();
+    for (_, s) in &pl {
+        *by.entry(*s).or_default() += 1;
+    }
+    println!("pid {pid}: {by:?} (node or -errno: pages)");
+    Ok(())
+}
+
+fn capture(sock: &str, out: &str) -> R<()> {
+    let s = std::os::unix::net::UnixStream::connect(sock)?;
+    let mut q = Qmp::from_stream_recording(s, Duration::from_secs(20), true)?;
+    let info = vtism_host::vm::inspect(&mut q)?;
+    eprintln!(
+        "captured: {} ranges, {} MiB, ivshmem {:?}",
+        info.memory.ranges.len(),
+        info.memory.bytes() >> 20,
+        info.ivshmem
+    );
+    let mut f = std::fs::File::create(out)?;
+    for l in q.transcript.take().unwrap_or_default() {
+        writeln!(f, "{l}")?;
+    }
+    Ok(())
+}
+
+/// Mover throughput: move_pages of an anonymous buffer between two nodes, by batch size, next
+/// to a memcpy of the same bytes.
+fn bench(mib: u64, from: i32, to: i32, batches: &str) -> R<()> {
+    let len = (mib << 20) as usize;
+    let pages = len / 4096;
+    let mut src = vec![1u8; len + 4096];
+    let base = (src.as_mut_ptr() as usize + 4095) & !4095;
+    let addrs: Vec<u64> = (0..pages).map(|i| (base + i * 4096) as u64).collect();
+    let pid = std::process::id() as i32;
+    let mut st = vec![0i32; pages];
+    let move_all = |node: i32, batch: usize, st: &mut [i32]| -> R<f64> {
+        let t = Instant::now();
+        for (c, s) in addrs.chunks(batch).zip(st.chunks_mut(batch)) {
+            let nodes = vec![node; c.len()];
+            sys::move_pages(pid, c, Some(&nodes), s, sys::MPOL_MF_MOVE)?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    // memcpy of the same bytes (source and destination both touched first).
+    let mut dst = vec![0u8; len];
+    dst.copy_from_slice(&src[..len]);
+    let t = Instant::now();
+    for _ in 0..3 {
+        dst.copy_from_slice(&src[..len]);
+        std::hint::black_box(&dst);
+    }
+    let memcpy = t.elapsed().as_secs_f64() / 3.0;
+    println!(
+        "memcpy {mib} MiB: {:.1} ms, {:.0} pages/s, {:.0} MB/s",
+        memcpy * 1e3,
+        pages as f64 / memcpy,
+        len as f64 / memcpy / 1e6
+    );
+    println!("batch_pages,pages_per_s,mb_per_s,ratio_to_memcpy");
+    for b in batches.split(',') {
+        let b: usize = b.parse()?;
+        move_all(from, 4096, &mut st)?;
+        let secs = move_all(to, b, &mut st)?;
+        let moved = st.iter().filter(|&&s| s == to).count();
+        if moved != pages {
+            return Err(format!("only {moved}/{pages} pages reached node {to}").into());
+        }
+        println!(
+            "{b},{:.0},{:.0},{:.3}",
+            pages as f64 / secs,
+            len as f64 / secs / 1e6,
+            memcpy / secs
+        );
+    }
+    Ok(())
+}
+
+fn get(addr: &str, path: &str) -> R<()> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n")?;
+    let mut b = String::new();
+    s.read_to_string(&mut b)?;
+    let body = b.split_once("\r\n\r\n").map_or("", |x| x.1);
+    print!("{body}");
+    Ok(())
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().skip(1).collect();
+    let s: Vec<&str> = a.iter().map(String::as_str).collect();
+    let r = match s.as_slice() {
+        ["capture", sock, out] => capture(sock, out),
+        ["publish", chan, spec, iv] => num(iv)
+            .map_err(Into::into)
+            .and_then(|iv| publish(chan, spec, iv, None)),
+        ["publish", chan, spec, iv, secs] => (|| publish(chan, spec, num(iv)?, Some(num(secs)?)))(),
+        ["hostile", chan, secs, frames] => (|| hostile(chan, num(secs)?, num(frames)?))(),
+        ["wait", sock, chan, hot, f, sl, q, t] => (|| {
+            wait(
+                sock,
+                chan,
+                hot,
+                num(f)? as i32,
+                num(sl)? as i32,
+                num(q)?,
+                num(t)?,
+            )
+        })(),
+        ["quota", sock, fast, q, secs] => (|| quota(sock, fast, num(q)?, num(secs)?))(),
+        ["placement", sock] => print_placement(sock),
+        ["bench", mib, from, to, batches] => {
+            (|| bench(num(mib)?, num(from)? as i32, num(to)? as i32, batches))()
+        }
+        ["get", addr, path] => get(addr, path),
+        _ => Err("usage: see the top of crates/host/examples/e2e_harness.rs".into()),
+    };
+    if let Err(e) = r {
+        eprintln!("e2e-harness: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,256 @@
+//! Guest-physical to host-virtual mapping from QEMU's monitor: `info mtree -f` (the flat view of
+//! the `memory` address space) and `gpa2hva` (verified on QEMU 7.2; fixtures in
+//! tests/fixtures/qemu-7.2).
+
+use serde::Serialize;
+use std::collections::BTreeSet;
+use vtism_proto::{Gfn, GfnRange, RamMap, FRAME_SIZE};
+
+/// One line of a flat view: `[start, end]` inclusive, as QEMU prints it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FlatRange {
+    pub start: u64,
+    pub end: u64,
+    pub prio: i32,
+    /// `ram`, `rom`, `romd`, `i/o`, ...
+    pub kind: String,
+    /// Memory region name (for RAM, the backend id or `pc.ram`).
+    pub name: String,
+    /// Offset inside the region (`@...`), 0 when absent.
+    pub offset: u64,
+}
+
+/// Parses the ranges of the flat view that renders the `memory` address space (the system
+/// memory the CPUs see). `None` if the output has no such view.
+pub fn parse_memory_flatview(text: &str) -> Option<Vec<FlatRange>> {
+    let mut in_view = false;
+    let mut is_memory = false;
+    let mut out = Vec::new();
+    let mut found = false;
+    for raw in text.lines() {
+        let line = raw.trim_end_matches('\r');
+        if line.starts_with("FlatView #") {
+            if found {
+                break;
+            }
+            in_view = true;
+            is_memory = false;
+            continue;
+        }
+        if !in_view {
+            continue;
+        }
+        let t = line.trim_start();
+        if t.starts_with("AS \"") {
+            if t.starts_with("AS \"memory\"") {
+                is_memory = true;
+                found = true;
+            }
+            continue;
+        }
+        if !is_memory {
+            continue;
+        }
+        if let Some(r) = parse_range_line(t) {
+            out.push(r);
+        }
+    }
+    found.then_some(out)
+}
+
+/// `0000000000100000-000000000fffffff (prio 0, ram): m0 @0000000000100000`
+fn parse_range_line(t: &str) -> Option<FlatRange> {
+    let (span, rest) = t.split_once(' ')?;
+    let (a, b) = span.split_once('-')?;
+    let start = u64::from_str_radix(a, 16).ok()?;
+    let end = u64::from_str_radix(b, 16).ok()?;
+    if end < start {
+        return None;
+    }
+    let rest = rest.strip_prefix("(prio ")?;
+    let (prio, rest) = rest.split_once(", ")?;
+    let prio: i32 = prio.parse().ok()?;
+    let (kind, rest) = rest.split_once("): ")?;
+    let (name, offset) = match rest.rsplit_once(" @") {
+        Some((n, o)) if o.len() == 16 && o.chars().all(|c| c.is_ascii_hexdigit()) => {
+            (n, u64::from_str_radix(o, 16).ok()?)
+        }
+        _ => (rest, 0),
+    };
+    Some(FlatRange {
+        start,
+        end,
+        prio,
+        kind: kind.to_string(),
+        name: name.trim().to_string(),
+        offset,
+    })
+}
+
+/// The answer to `gpa2hva <addr>`: `Host virtual address for 0x0 (m0) is 0x7fa6b3e00000`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gpa2Hva {
+    Mapped { gpa: u64, region: String, hva: u64 },
+    NotMapped,
+}
+
+pub fn parse_gpa2hva(text: &str) -> Option<Gpa2Hva> {
+    let t = text.trim();
+    if t.starts_with("No memory is mapped") {
+        return Some(Gpa2Hva::NotMapped);
+    }
+    let rest = t.strip_prefix("Host virtual address for ")?;
+    let (gpa, rest) = rest.split_once(" (")?;
+    let (region, rest) = rest.rsplit_once(") is ")?;
+    let hex = |s: &str| u64::from_str_radix(s.trim().strip_prefix("0x")?, 16).ok();
+    Some(Gpa2Hva::Mapped {
+        gpa: hex(gpa)?,
+        region: region.to_string(),
+        hva: hex(rest)?,
+    })
+}
+
+/// Guest RAM ranges of the flat view: `ram` ranges whose region is a RAM backend (`ram_names`),
+/// trimmed to whole 4 KiB frames. Device RAM (the ivshmem BAR, VGA memory) and ROM are left out.
+pub fn ram_ranges(flat: &[FlatRange], ram_names: &BTreeSet<String>) -> Vec<FlatRange> {
+    flat.iter()
+        .filter(|r| r.kind == "ram" && ram_names.contains(&r.name))
+        .filter_map(|r| {
+            let start = r.start.checked_add(FRAME_SIZE - 1)? & !(FRAME_SIZE - 1);
+            let end_excl = r.end.checked_add(1)? & !(FRAME_SIZE - 1);
+            (end_excl > start).then(|| FlatRange {
+                start,
+                end: end_excl - 1,
+                offset: r.offset + (start - r.start),
+                ..r.clone()
+            })
+        })
+        .collect()
+}
+
+/// A RAM range with its host-virtual base in QEMU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MappedRange {
+    pub gfns: GfnRange,
+    pub hva: u64,
+    pub name: String,
+}
+
+/// The VM's guest RAM: ranges sorted by address with their HVAs, and the matching RamMap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestMemory {
+    pub ranges: Vec<MappedRange>,
+    pub ram: RamMap,
+}
+
+impl GuestMemory {
+    pub fn new(mut ranges: Vec<MappedRange>) -> Result<GuestMemory, vtism_proto::RamMapError> {
+        ranges.sort_by_key(|r| r.gfns.start);
+        let ram = RamMap::new(ranges.iter().map(|r| r.gfns).collect())?;
+        Ok(GuestMemory { ranges, ram })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.ram.frames() * FRAME_SIZE
+    }
+
+    /// Host-virtual address of a guest frame.
+    pub fn hva(&self, gfn: Gfn) -> Option<u64> {
+        let k = self.ranges.partition_point(|r| r.gfns.start <= gfn);
+        let r = self.ranges.get(k.checked_sub(1)?)?;
+        r.gfns
+            .contains(gfn)
+            .then(|| r.hva + (gfn.0 - r.gfns.start.0) * FRAME_SIZE)
+    }
+
+    /// Same backing memory at the same addresses: a refresh that changed nothing.
+    pub fn same_as(&self, o: &GuestMemory) -> bool {
+        self.ranges == o.ranges
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_line_forms() {
+        let r = parse_range_line(
+            "0000000000100000-000000000fffffff (prio 0, ram): m0 @0000000000100000",
+        )
+        .unwrap();
+        assert_eq!((r.start, r.end, r.offset), (0x100000, 0xfffffff, 0x100000));
+        assert_eq!((r.kind.as_str(), r.name.as_str(), r.prio), ("ram", "m0", 0));
+        let r = parse_range_line("00000000fee00000-00000000feefffff (prio 4096, i/o): apic-msi")
+            .unwrap();
+        assert_eq!(
+            (r.kind.as_str(), r.name.as_str(), r.offset),
+            ("i/o", "apic-msi", 0)
+        );
+        assert!(parse_range_line("garbage").is_none());
+        assert!(parse_range_line("0010-0000 (prio 0, ram): x").is_none());
+    }
+
+    #[test]
+    fn gpa2hva_forms() {
+        assert_eq!(
+            parse_gpa2hva("Host virtual address for 0x10000000 (m1) is 0x7fa6a3c00000\r\n"),
+            Some(Gpa2Hva::Mapped {
+                gpa: 0x10000000,
+                region: "m1".into(),
+                hva: 0x7fa6a3c00000
+            })
+        );
+        assert_eq!(
+            parse_gpa2hva("No memory is mapped at address 0x80000000\r\n"),
+            Some(Gpa2Hva::NotMapped)
+        );
+        assert_eq!(parse_gpa2hva("unknown command: 'gpa2hva'"), None);
+    }
+
+    #[test]
+    fn unaligned_ranges_are_trimmed() {
+        let names: BTreeSet<String> = ["m".to_string()].into();
+        let flat = vec![FlatRange {
+            start: 0x800,
+            end: 0x2fff,
+            prio: 0,
+            kind: "ram".into(),
+            name: "m".into(),
+            offset: 0x800,
+        }];
+        let r = ram_ranges(&flat, &names);
+        assert_eq!(
+            (r[0].start, r[0].end, r[0].offset),
+            (0x1000, 0x2fff, 0x1000)
+        );
+        let tiny = vec![FlatRange {
+            start: 0x800,
+            end: 0x8ff,
+            ..flat[0].clone()
+        }];
+        assert!(ram_ranges(&tiny, &names).is_empty());
+    }
+
+    #[test]
+    fn hva_lookup() {
+        let m = GuestMemory::new(vec![
+            MappedRange {
+                gfns: GfnRange::new(Gfn(0x100), Gfn(0x200)),
+                hva: 0x7000_0010_0000,
+                name: "m0".into(),
+            },
+            MappedRange {
+                gfns: GfnRange::new(Gfn(0), Gfn(0xa0)),
+                hva: 0x7000_0000_0000,
+                name: "m0".into(),
+            },
+        ])
+        .unwrap();
+        assert_eq!(m.hva(Gfn(1)), Some(0x7000_0000_1000));
+        assert_eq!(m.hva(Gfn(0x100)), Some(0x7000_0010_0000));
+        assert_eq!(m.hva(Gfn(0xa0)), None);
+        assert_eq!(m.hva(Gfn(0x200)), None);
+        assert_eq!(m.bytes(), (0x100 + 0xa0) * 4096);
+    }
+}

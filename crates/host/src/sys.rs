@@ -1,0 +1,289 @@
+//! Every system call the daemon makes, in one place, each behind a safe wrapper.
+//!
+//! Uses the `libc` crate directly: it has the syscall numbers and constants for every
+//! architecture, and neither `nix` nor `rustix` wraps move_pages(2) or process_madvise(2).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::ptr::NonNull;
+
+/// `MPOL_MF_MOVE`: move pages mapped only by this process.
+pub const MPOL_MF_MOVE: i32 = 1 << 1;
+/// `MPOL_MF_MOVE_ALL`: also pages shared with other processes (needs CAP_SYS_NICE).
+pub const MPOL_MF_MOVE_ALL: i32 = 1 << 2;
+
+/// Credentials of the peer of a connected Unix socket (SO_PEERCRED): the QEMU pid.
+pub fn peer_pid(sock: &UnixStream) -> io::Result<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes passed.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if cred.pid <= 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::Other,
+            "SO_PEERCRED gave no pid (peer in another pid namespace?)",
+        ));
+    }
+    Ok(cred.pid)
+}
+
+/// move_pages(2) on another process. `nodes = None` only queries where the pages are.
+/// `status[i]` receives the node of page i, or a negative errno. Returns the syscall's result:
+/// `Ok(n)` with n the number of pages not moved (>= 0), or the errno of a whole-call failure.
+pub fn move_pages(
+    pid: i32,
+    pages: &[u64],
+    nodes: Option<&[i32]>,
+    status: &mut [i32],
+    flags: i32,
+) -> io::Result<usize> {
+    if status.len() < pages.len() || nodes.is_some_and(|n| n.len() < pages.len()) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "short array"));
+    }
+    if pages.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: the arrays hold `pages.len()` elements each (checked above); the kernel only reads
+    // `pages`/`nodes` and writes `status`. The addresses are in the other process and are never
+    // dereferenced here.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            pid as libc::c_long,
+            pages.len() as libc::c_ulong,
+            pages.as_ptr(),
+            nodes.map_or(std::ptr::null(), |n| n.as_ptr()),
+            status.as_mut_ptr(),
+            flags as libc::c_long,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// A pidfd for a process (pidfd_open(2), Linux >= 5.3).
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// process_madvise(2) with MADV_COLD over `ranges` (address, length) of the process behind
+/// `pidfd`. Returns bytes advised.
+pub fn madvise_cold(pidfd: &OwnedFd, ranges: &[(u64, u64)]) -> io::Result<usize> {
+    let iov: Vec<libc::iovec> = ranges
+        .iter()
+        .map(|&(a, l)| libc::iovec {
+            iov_base: a as usize as *mut libc::c_void,
+            iov_len: l as usize,
+        })
+        .collect();
+    let mut done = 0usize;
+    // UIO_MAXIOV is 1024.
+    for chunk in iov.chunks(1024) {
+        // SAFETY: `chunk` is a valid iovec array; the addresses are in the other process and the
+        // kernel validates them; nothing in this process is written.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                pidfd.as_raw_fd() as libc::c_long,
+                chunk.as_ptr(),
+                chunk.len() as libc::c_ulong,
+                libc::MADV_COLD as libc::c_long,
+                0 as libc::c_ulong,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        done += r as usize;
+    }
+    Ok(done)
+}
+
+/// Pins the calling thread to `cpus` (sched_setaffinity(2)).
+pub fn pin_current_thread(cpus: &[u32]) -> io::Result<()> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        if (c as usize) < libc::CPU_SETSIZE as usize {
+            // SAFETY: index checked against CPU_SETSIZE.
+            unsafe { libc::CPU_SET(c as usize, &mut set) };
+        }
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 = the calling thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True if the process exists (signal 0).
+pub fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 checks existence and permission only.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// CPU time (user + system) this process has used, in seconds.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data and getrusage only writes it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// CPU time of the calling thread, in seconds (CLOCK_THREAD_CPUTIME_ID).
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// A shared, read-write mapping of a whole file (the ivshmem backing file of a channel).
+/// Unmapped on drop.
+pub struct FileMapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is only handed out as a `vtism_proto::MmapRegion`, whose accesses are all
+// atomic; the pointer itself is just an address.
+unsafe impl Send for FileMapping {}
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    /// Maps `path` shared read-write. The size is the file's size now, rounded down to 8 bytes
+    /// and capped at `max_len`.
+    pub fn open(path: &Path, max_len: u64) -> io::Result<FileMapping> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let meta = f.metadata()?;
+        if !meta.file_type().is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "channel is not a regular file",
+            ));
+        }
+        let len = (meta.len().min(max_len) & !7) as usize;
+        if len < 4096 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "channel file is {} bytes, less than a header page",
+                    meta.len()
+                ),
+            ));
+        }
+        // SAFETY: mapping a file we opened read-write, with a length no larger than the file.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
+        Ok(FileMapping { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The mapping as a channel region. The region borrows nothing, so the caller must keep
+    /// `self` alive as long as the region (the daemon keeps both in one struct).
+    pub fn region(&self) -> vtism_proto::MmapRegion {
+        // SAFETY: the mapping is page-aligned, `len` is a multiple of 8, and it stays mapped until
+        // `self` is dropped; the region only does atomic accesses.
+        unsafe { vtism_proto::MmapRegion::new(self.ptr, self.len) }
+            .expect("page-aligned mapping with a length rounded to 8")
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `open` mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Signals the daemon reacts to, turned into flags by an async-signal-safe handler.
+pub mod signals {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    pub static HUP: AtomicBool = AtomicBool::new(false);
+    pub static TERM: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn on_hup(_: libc::c_int) {
+        HUP.store(true, Ordering::SeqCst);
+    }
+    extern "C" fn on_term(_: libc::c_int) {
+        TERM.store(true, Ordering::SeqCst);
+    }
+
+    /// Installs handlers for SIGHUP (reload) and SIGTERM/SIGINT (stop); ignores SIGPIPE.
+    pub fn install() {
+        // SAFETY: the handlers only store to atomics, which is async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGHUP, on_hup as *const () as usize);
+            libc::signal(libc::SIGTERM, on_term as *const () as usize);
+            libc::signal(libc::SIGINT, on_term as *const () as usize);
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+    }
+
+    pub fn take_hup() -> bool {
+        HUP.swap(false, Ordering::SeqCst)
+    }
+    pub fn term() -> bool {
+        TERM.load(Ordering::SeqCst)
+    }
+}
