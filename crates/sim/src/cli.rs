@@ -1,15 +1,429 @@
-//! `vtism sim`.
+//! `vtism sim`: run one policy, or compare all of them, on workload and memory models.
 
-use clap::Subcommand;
+use crate::model::{MemoryModel, PRESETS};
+use crate::policies::{self, POLICIES};
+use crate::report::{self, Row};
+use crate::sim::{self, RunResult, SimConfig, World};
+use crate::trace::TraceWorkload;
+use crate::workload::{self, Kind, VmWorkload, SUITE, WORKLOADS};
+use clap::{Args, Subcommand};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+const AFTER: &str = "\
+Memory models (--model): optane, cxl, remote-numa, or a TOML file (see docs/evaluation.md).
+Workloads (--workload): gups-hotset, gups-hotset-move, kv-zipf, graph, seq-window, file-cache,
+mix-hmmv4; or --trace FILE to replay a recorded hint stream.
+Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem.
+The model, the peers and their assumptions: docs/evaluation.md.";
 
 #[derive(Subcommand, Debug)]
 pub enum SimCommand {
-    /// Run one policy on one workload.
-    Run,
-    /// Run every policy on one workload and compare.
-    Compare,
+    /// Run one policy on one workload; prints its row next to all-fast's.
+    #[command(after_help = AFTER)]
+    Run(RunArgs),
+    /// Run every policy on one workload (or the standard suite) and compare them.
+    #[command(after_help = AFTER)]
+    Compare(CompareArgs),
+    /// List the memory presets, workloads and policies.
+    List,
 }
 
-pub fn sim_main(_cmd: SimCommand) -> anyhow::Result<()> {
-    anyhow::bail!("`vtism sim` is not part of this build yet")
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Workload name (see `vtism sim list`).
+    #[arg(long, short, default_value = "gups-hotset")]
+    pub workload: String,
+    /// Replay a recorded hint trace instead of a named workload (format in docs/evaluation.md).
+    #[arg(long, conflicts_with = "workload")]
+    pub trace: Option<PathBuf>,
+    /// Memory model: a preset name or a TOML file.
+    #[arg(long, short, default_value = "cxl")]
+    pub model: String,
+    /// Fast:slow capacity ratio of each VM's footprint, e.g. 1:4 or 1:8.
+    #[arg(long, default_value = "1:4")]
+    pub ratio: String,
+    /// Simulated seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub duration: f64,
+    /// Epoch length, ms: the simulator's time step.
+    #[arg(long, default_value_t = 100)]
+    pub epoch_ms: u64,
+    /// Placement unit: 4k, 64k, 2m (a power of two from 4 KiB to 2 MiB).
+    #[arg(long, default_value = "2m")]
+    pub unit: String,
+    /// Multiplies every workload footprint (0.25 = a quarter of the size).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Run this many copies of the workload's VMs side by side (seeds differ).
+    #[arg(long, default_value_t = 1)]
+    pub vms: u32,
+    /// Random seed: same seed, same results.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write CSV timelines, SVG plots and a Markdown report to this directory.
+    #[arg(long, short)]
+    pub out: Option<PathBuf>,
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Policy to run (see `vtism sim list`).
+    #[arg(long, short, default_value = "vtism")]
+    pub policy: String,
+    /// Write the hint rounds vtism's guest-tracker model publishes to this trace file
+    /// (`--policy vtism`, one VM).
+    #[arg(long)]
+    pub record_trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Policies to compare, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Run the standard suite (every workload) instead of one workload.
+    #[arg(long)]
+    pub suite: bool,
+    /// Parallel runs (default: available cores).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+pub fn sim_main(cmd: SimCommand) -> anyhow::Result<()> {
+    match cmd {
+        SimCommand::List => {
+            println!("memory presets: {}", PRESETS.join(", "));
+            println!("\nworkloads:");
+            for (n, d) in WORKLOADS {
+                println!("  {n:<18} {d}");
+            }
+            println!("\npolicies:");
+            for (n, d) in POLICIES {
+                println!("  {n:<12} {d}");
+            }
+            Ok(())
+        }
+        SimCommand::Run(a) => run_cmd(a),
+        SimCommand::Compare(a) => compare_cmd(a),
+    }
+}
+
+/// Parses "1:4" into slow bytes per fast byte.
+pub fn parse_ratio(s: &str) -> anyhow::Result<f64> {
+    let bad = || anyhow::anyhow!("--ratio: expected FAST:SLOW such as 1:4, got {s:?}");
+    let (a, b) = s.split_once(':').ok_or_else(bad)?;
+    let a: f64 = a.trim().parse().map_err(|_| bad())?;
+    let b: f64 = b.trim().parse().map_err(|_| bad())?;
+    if !(a > 0.0 && b >= 0.0 && a.is_finite() && b.is_finite()) {
+        return Err(bad());
+    }
+    Ok(b / a)
+}
+
+pub fn parse_unit(s: &str) -> anyhow::Result<u64> {
+    let l = s.trim().to_ascii_lowercase();
+    let (num, mul) = if let Some(n) = l.strip_suffix('k') {
+        (n, 1u64 << 10)
+    } else if let Some(n) = l.strip_suffix('m') {
+        (n, 1 << 20)
+    } else {
+        (l.as_str(), 1)
+    };
+    let v: u64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--unit: expected a size such as 4k or 2m, got {s:?}"))?;
+    Ok(v * mul)
+}
+
+pub fn load_model(s: &str) -> anyhow::Result<MemoryModel> {
+    if let Some(m) = MemoryModel::preset(s) {
+        return Ok(m);
+    }
+    let p = std::path::Path::new(s);
+    if p.exists() {
+        let text = std::fs::read_to_string(p)?;
+        return MemoryModel::from_toml(&text).map_err(|e| anyhow::anyhow!("--model {s}: {e}"));
+    }
+    anyhow::bail!(
+        "--model: {s:?} is neither a preset ({}) nor a TOML file",
+        PRESETS.join(", ")
+    )
+}
+
+pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
+    let mut cfg = SimConfig::new(load_model(&c.model)?);
+    cfg.unit_bytes = parse_unit(&c.unit)?;
+    cfg.epoch_s = c.epoch_ms as f64 / 1000.0;
+    cfg.duration_s = c.duration;
+    cfg.slow_per_fast = parse_ratio(&c.ratio)?;
+    cfg.seed = c.seed;
+    if !(c.scale > 0.0 && c.scale.is_finite()) {
+        anyhow::bail!("--scale: must be a positive number");
+    }
+    if c.vms == 0 {
+        anyhow::bail!("--vms: must be at least 1");
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// The VMs of the run: a named scenario (or a trace), repeated `--vms` times.
+pub fn workloads(c: &Common, cfg: &SimConfig, name: &str) -> anyhow::Result<Vec<VmWorkload>> {
+    let mut base = if let Some(t) = &c.trace {
+        let f = std::fs::File::open(t)
+            .map_err(|e| anyhow::anyhow!("--trace {}: {e}", t.display()))?;
+        let tr = TraceWorkload::read(std::io::BufReader::new(f))
+            .map_err(|e| anyhow::anyhow!("--trace {}: {e}", t.display()))?;
+        vec![VmWorkload {
+            name: tr.name.clone(),
+            footprint_bytes: tr.frames * vtism_proto::FRAME_SIZE,
+            kind: Kind::Trace(std::sync::Arc::new(tr)),
+            concurrency: 8.0,
+            cpu_ns: 20.0,
+            vcpus: 8,
+            seed: cfg.seed,
+        }]
+    } else {
+        workload::scenario(name, c.scale, cfg.duration_s, cfg.seed)?
+    };
+    if c.vms > 1 {
+        let one = base.clone();
+        base.clear();
+        for k in 0..c.vms {
+            for w in &one {
+                let mut w = w.clone();
+                w.name = format!("{}-{k}", w.name);
+                w.seed = w.seed.wrapping_add(1000 * k as u64);
+                base.push(w);
+            }
+        }
+    }
+    Ok(base)
+}
+
+fn progress_bar(label: &str, quiet: bool) -> indicatif::ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(1000);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>22} [{bar:40}] {percent:>3}% {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+/// Runs one policy.
+pub fn run_one(
+    cfg: &SimConfig,
+    wls: &[VmWorkload],
+    policy: &str,
+    pb: Option<&indicatif::ProgressBar>,
+    record: Option<&std::path::Path>,
+) -> anyhow::Result<RunResult> {
+    let world = World::new(cfg, wls, policy == "all-fast");
+    let setup = world.setup();
+    let mut pr = policies::build(policy, &setup)?;
+    if let Some(path) = record {
+        if policy != "vtism" || wls.len() != 1 {
+            anyhow::bail!("--record-trace: needs --policy vtism and a one-VM workload");
+        }
+        let f = std::fs::File::create(path)
+            .map_err(|e| anyhow::anyhow!("--record-trace {}: {e}", path.display()))?;
+        let w = crate::trace::TraceWriter::new(
+            std::io::BufWriter::new(f),
+            &wls[0].name,
+            setup.specs[0].ram.frames(),
+        )?;
+        let scanner = crate::mechanism::GuestScanner::new(setup.units[0]);
+        let mut scanner = Box::new(scanner);
+        scanner.trace = Some(w);
+        pr.trackers[0] = scanner;
+    }
+    let mut cb = |f: f64| {
+        if let Some(pb) = pb {
+            pb.set_position((f * 1000.0) as u64)
+        }
+    };
+    sim::run(cfg, wls, pr, &mut cb)
+}
+
+fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
+    let cfg = config(&a.common)?;
+    let wls = workloads(&a.common, &cfg, &a.common.workload)?;
+    let names = policies::names();
+    if !names.contains(&a.policy.as_str()) {
+        anyhow::bail!(
+            "--policy: unknown policy {:?}; one of: {}",
+            a.policy,
+            names.join(", ")
+        );
+    }
+    let pb = progress_bar(&a.policy, a.common.json);
+    let reference = run_one(&cfg, &wls, "all-fast", None, None)?;
+    let r = run_one(&cfg, &wls, &a.policy, Some(&pb), a.record_trace.as_deref())?;
+    pb.finish_and_clear();
+    let rows = vec![report::row(&reference, &reference), report::row(&r, &reference)];
+    let title = workload_title(&a.common);
+    emit(&a.common, &cfg, &title, &rows, &[reference.clone(), r], &reference)
+}
+
+fn workload_title(c: &Common) -> String {
+    match &c.trace {
+        Some(t) => format!("trace {}", t.display()),
+        None => c.workload.clone(),
+    }
+}
+
+fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
+    let cfg = config(&a.common)?;
+    let pols: Vec<String> = if a.policies.is_empty() {
+        policies::names().iter().map(|s| s.to_string()).collect()
+    } else {
+        a.policies.clone()
+    };
+    for p in &pols {
+        if !policies::names().contains(&p.as_str()) {
+            anyhow::bail!(
+                "--policies: unknown policy {p:?}; one of: {}",
+                policies::names().join(", ")
+            );
+        }
+    }
+    let workloads_list: Vec<String> = if a.suite {
+        SUITE.iter().map(|s| s.to_string()).collect()
+    } else {
+        vec![a.common.workload.clone()]
+    };
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let mut all = Vec::new();
+    for wname in &workloads_list {
+        let mut common = a.common.clone();
+        common.workload = wname.clone();
+        let wls = workloads(&common, &cfg, wname)?;
+        let mp = indicatif::MultiProgress::new();
+        if a.common.json || !std::io::stderr().is_terminal() {
+            mp.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        let reference = run_one(&cfg, &wls, "all-fast", None, None)?;
+        let results = run_parallel(&cfg, &wls, &pols, jobs, &mp, wname)?;
+        let rows: Vec<Row> = results.iter().map(|r| report::row(r, &reference)).collect();
+        let title = workload_title(&common);
+        emit(&common, &cfg, &title, &rows, &results, &reference)?;
+        all.push((wname.clone(), rows));
+    }
+    Ok(())
+}
+
+fn run_parallel(
+    cfg: &SimConfig,
+    wls: &[VmWorkload],
+    pols: &[String],
+    jobs: usize,
+    mp: &indicatif::MultiProgress,
+    wname: &str,
+) -> anyhow::Result<Vec<RunResult>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<anyhow::Result<RunResult>>>> =
+        pols.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(pols.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= pols.len() {
+                    break;
+                }
+                let pb = mp.add(progress_bar(&format!("{wname} {}", pols[i]), false));
+                let r = run_one(cfg, wls, &pols[i], Some(&pb), None);
+                pb.finish_and_clear();
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| Err(anyhow::anyhow!("run did not finish")))
+        })
+        .collect()
+}
+
+#[derive(serde::Serialize)]
+struct JsonOut<'a> {
+    workload: &'a str,
+    model: &'a str,
+    ratio: &'a str,
+    duration_s: f64,
+    unit_bytes: u64,
+    seed: u64,
+    rows: &'a [Row],
+}
+
+fn emit(
+    c: &Common,
+    cfg: &SimConfig,
+    title: &str,
+    rows: &[Row],
+    results: &[RunResult],
+    reference: &RunResult,
+) -> anyhow::Result<()> {
+    if c.json {
+        let j = JsonOut {
+            workload: title,
+            model: &cfg.model.name,
+            ratio: &c.ratio,
+            duration_s: cfg.duration_s,
+            unit_bytes: cfg.unit_bytes,
+            seed: cfg.seed,
+            rows,
+        };
+        println!("{}", serde_json::to_string(&j)?);
+    } else {
+        println!(
+            "\n{title} on {} at fast:slow {}, {} s, seed {}\n",
+            cfg.model.name, c.ratio, cfg.duration_s, cfg.seed
+        );
+        print!("{}", report::table(rows));
+    }
+    if let Some(dir) = &c.out {
+        let prefix = title.replace(['/', ' '], "_");
+        let w = report::write_plots(dir, &prefix, title, results, reference)?;
+        let mut md = format!(
+            "# {title} on {} at fast:slow {}\n\n{} simulated seconds, seed {}.\n\n{}\n",
+            cfg.model.name,
+            c.ratio,
+            cfg.duration_s,
+            cfg.seed,
+            report::table(rows)
+        );
+        md.push_str(&format!(
+            "\n![throughput]({})\n\n![occupancy]({})\n\n![hotness]({})\n",
+            w.throughput_svg, w.occupancy_svg, w.heatmap_svg
+        ));
+        if let Some(p) = &w.placement_svg {
+            md.push_str(&format!("\n![vtism placement]({p})\n"));
+        }
+        md.push_str(&format!("\nTimeline: [{}]({})\n", w.csv, w.csv));
+        let path = dir.join(format!("{prefix}-report.md"));
+        std::fs::write(&path, md)?;
+        if !c.json {
+            println!("\nreport: {}", path.display());
+        }
+    }
+    Ok(())
 }

@@ -1,4 +1,20 @@
 //! vtism simulator: runs placement policies (vtism's engine and its peers') against memory and
-//! workload models.
+//! workload models. The model and its limits are documented in docs/evaluation.md.
+//!
+//! - [`model`]: memory tiers (presets and TOML), migration and tracking costs.
+//! - [`workload`]: seeded workload generators, as per-unit access shares over time.
+//! - [`trace`]: the recorded hint-stream format and its replay.
+//! - [`mechanism`]: what each tracking mechanism sees and costs.
+//! - [`policies`]: vtism, the bounds and the peers.
+//! - [`sim`]: the epoch loop, throughput model and plan execution.
+//! - [`report`]: comparison tables, CSV timelines, SVG plots and the Markdown report.
 
 pub mod cli;
+pub mod mechanism;
+pub mod model;
+pub mod policies;
+pub mod report;
+pub mod sim;
+pub mod svg;
+pub mod trace;
+pub mod workload;

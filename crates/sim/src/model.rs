@@ -1,0 +1,307 @@
+//! The memory model: two tiers with idle and loaded latency and bandwidth, the cost of moving a
+//! page, and the cost of each tracking mechanism. Presets carry the published figures from
+//! peers.md; `custom` models come from TOML (`MemoryModel::from_toml`).
+
+use serde::{Deserialize, Serialize};
+
+/// One memory tier as the CPU sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierModel {
+    /// Idle (unloaded) latency of a read, ns.
+    pub read_ns: f64,
+    /// Idle latency of a write as it stalls the core, ns (writes are mostly posted).
+    pub write_ns: f64,
+    /// Peak read and write bandwidth, GB/s (10^9 bytes).
+    pub read_gbps: f64,
+    pub write_gbps: f64,
+    /// Latency when the tier's bandwidth is saturated, ns. Loaded latency follows
+    /// `idle / (1 - u)` (an M/M/1 queue in the bandwidth utilisation `u`), capped here.
+    pub loaded_max_ns: f64,
+}
+
+impl TierModel {
+    /// Latency of a read and a write at bandwidth utilisation `u` (0..).
+    pub fn loaded(&self, u: f64) -> (f64, f64) {
+        let u = u.clamp(0.0, 0.999);
+        let f = |idle: f64| (idle / (1.0 - u)).min(self.loaded_max_ns.max(idle));
+        (f(self.read_ns), f(self.write_ns))
+    }
+    /// Seconds of the tier's bandwidth that `rb` bytes read and `wb` bytes written use.
+    pub fn busy_secs(&self, rb: f64, wb: f64) -> f64 {
+        rb / (self.read_gbps * 1e9) + wb / (self.write_gbps * 1e9)
+    }
+}
+
+/// What moving a page costs (Linux `move_pages(2)` unless a policy brings its own mover).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrationModel {
+    /// Copy bandwidth of one mover thread, GB/s (move_pages with 2 MiB folios: 11 GB/s).
+    pub copy_gbps: f64,
+    /// Per-page unmap, TLB shootdown and remap cost, µs of wall time, paid by every vCPU of the VM
+    /// (the shootdown IPIs reach them all). Per 4 KiB page; a 2 MiB mapping pays it once.
+    pub per_page_us: f64,
+}
+
+/// What tracking costs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackingModel {
+    /// Guest page-table scan time per GiB of recently accessed memory, ms (vtism notes: 4-5).
+    pub scan_ms_per_gib: f64,
+    /// Wall time the VM loses per scan is `scan_slowdown_per_ms * Ts^2` ms for a scan of `Ts` ms
+    /// (the seed found the slowdown grows about quadratically with scan time).
+    pub scan_slowdown_per_ms: f64,
+    /// Cost of one NUMA hint fault (4 KiB), µs of the faulting thread.
+    pub hint_fault_us: f64,
+    /// CPU cost of taking and processing one PEBS sample, ns.
+    pub pebs_sample_ns: f64,
+    /// Slowdown while HMM-V's PML-based scanner runs (published: <= 2% at MWS >= 600 ms).
+    pub pml_scan_slowdown: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryModel {
+    pub name: String,
+    pub fast: TierModel,
+    pub slow: TierModel,
+    pub migration: MigrationModel,
+    pub tracking: TrackingModel,
+}
+
+pub const PRESETS: &[&str] = &["optane", "cxl", "remote-numa"];
+
+fn default_migration() -> MigrationModel {
+    // peers.md: move_pages 3.31 GB/s with 4 KiB folios, 11 GB/s with 2 MiB. Copy at 11 GB/s costs
+    // 0.37 µs per 4 KiB, so the rest of the 1.24 µs per 4 KiB page (0.87 µs) is unmap/TLB work.
+    MigrationModel {
+        copy_gbps: 11.0,
+        per_page_us: 0.87,
+    }
+}
+
+fn default_tracking() -> TrackingModel {
+    TrackingModel {
+        scan_ms_per_gib: 4.4,
+        // Calibrated so the adaptive interval with K=8, Kb=0 sits at the seed's 5% limit for large
+        // scans (overhead -> k/K) and gives 0.3-2.5% at 1-5 GiB hot, as the seed measured.
+        scan_slowdown_per_ms: 0.4,
+        // Assumption: a minor fault with the NUMA hinting path, in the guest.
+        hint_fault_us: 1.0,
+        // Assumption: PEBS assist, drain and record processing per sample.
+        pebs_sample_ns: 500.0,
+        pml_scan_slowdown: 0.02,
+    }
+}
+
+impl MemoryModel {
+    pub fn preset(name: &str) -> Option<MemoryModel> {
+        let m = match name {
+            // HMM-V Table 2. Loaded maxima are not published: assumed 5x idle.
+            "optane" => MemoryModel {
+                name: name.into(),
+                fast: TierModel {
+                    read_ns: 81.0,
+                    write_ns: 82.0,
+                    read_gbps: 120.0,
+                    write_gbps: 82.0,
+                    loaded_max_ns: 405.0,
+                },
+                slow: TierModel {
+                    read_ns: 310.0,
+                    write_ns: 94.0,
+                    read_gbps: 37.0,
+                    write_gbps: 13.0,
+                    loaded_max_ns: 1550.0,
+                },
+                migration: default_migration(),
+                tracking: default_tracking(),
+            },
+            // vtism notes: DDR5 one channel ~80 ns idle, rising to ~600 ns loaded; local CXL-DRAM
+            // 288 ns. Bandwidths assumed: DDR5-4800 one channel 38.4 GB/s, a x8 CXL link 25 GB/s.
+            "cxl" => MemoryModel {
+                name: name.into(),
+                fast: TierModel {
+                    read_ns: 80.0,
+                    write_ns: 80.0,
+                    read_gbps: 38.4,
+                    write_gbps: 38.4,
+                    loaded_max_ns: 600.0,
+                },
+                slow: TierModel {
+                    read_ns: 288.0,
+                    write_ns: 288.0,
+                    read_gbps: 25.0,
+                    write_gbps: 25.0,
+                    loaded_max_ns: 1500.0,
+                },
+                migration: default_migration(),
+                tracking: default_tracking(),
+            },
+            // Xen paper / Pond-style emulation: remote socket ~1.5x local latency. Local DRAM as in
+            // the optane preset; the remote link (UPI) assumed 40 GB/s.
+            "remote-numa" => MemoryModel {
+                name: name.into(),
+                fast: TierModel {
+                    read_ns: 81.0,
+                    write_ns: 82.0,
+                    read_gbps: 120.0,
+                    write_gbps: 82.0,
+                    loaded_max_ns: 405.0,
+                },
+                slow: TierModel {
+                    read_ns: 122.0,
+                    write_ns: 123.0,
+                    read_gbps: 40.0,
+                    write_gbps: 40.0,
+                    loaded_max_ns: 610.0,
+                },
+                migration: default_migration(),
+                tracking: default_tracking(),
+            },
+            _ => return None,
+        };
+        Some(m)
+    }
+
+    /// A model from TOML: `base = "<preset>"` optionally, then any tables to override, e.g.
+    /// `[slow] read_ns = 400`. Unknown fields are errors that name the field.
+    pub fn from_toml(text: &str) -> anyhow::Result<MemoryModel> {
+        let mut v: toml::Value = toml::from_str(text)?;
+        let base = v
+            .get("base")
+            .map(|b| {
+                b.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| anyhow::anyhow!("base: must be a preset name (string)"))
+            })
+            .transpose()?;
+        let mut merged = match &base {
+            Some(b) => toml::Value::try_from(Self::preset(b).ok_or_else(|| {
+                anyhow::anyhow!("base: unknown preset {b:?} (one of {})", PRESETS.join(", "))
+            })?)?,
+            None => toml::Value::Table(Default::default()),
+        };
+        if let Some(t) = v.as_table_mut() {
+            t.remove("base");
+            t.entry("name")
+                .or_insert_with(|| toml::Value::String("custom".into()));
+        }
+        merge(&mut merged, v);
+        let m: MemoryModel = merged.try_into().map_err(|e: toml::de::Error| {
+            anyhow::anyhow!("memory model: {}", e.message().trim())
+        })?;
+        m.validate()?;
+        Ok(m)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (tn, t) in [("fast", &self.fast), ("slow", &self.slow)] {
+            for (f, v) in [
+                ("read_ns", t.read_ns),
+                ("write_ns", t.write_ns),
+                ("read_gbps", t.read_gbps),
+                ("write_gbps", t.write_gbps),
+                ("loaded_max_ns", t.loaded_max_ns),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    anyhow::bail!("{tn}.{f}: must be a positive number, got {v}");
+                }
+            }
+        }
+        if !(self.migration.copy_gbps > 0.0) {
+            anyhow::bail!("migration.copy_gbps: must be positive");
+        }
+        if !(self.migration.per_page_us >= 0.0) {
+            anyhow::bail!("migration.per_page_us: must not be negative");
+        }
+        let t = &self.tracking;
+        for (f, v) in [
+            ("scan_ms_per_gib", t.scan_ms_per_gib),
+            ("scan_slowdown_per_ms", t.scan_slowdown_per_ms),
+            ("hint_fault_us", t.hint_fault_us),
+            ("pebs_sample_ns", t.pebs_sample_ns),
+            ("pml_scan_slowdown", t.pml_scan_slowdown),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                anyhow::bail!("tracking.{f}: must be a non-negative number, got {v}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Wall time to migrate `bytes` in pages of `page_bytes` on one mover at `speedup` x copy speed.
+    pub fn migration_secs(&self, bytes: f64, page_bytes: f64, speedup: f64) -> f64 {
+        let pages = bytes / page_bytes;
+        bytes / (self.migration.copy_gbps * 1e9 * speedup) + pages * self.unmap_secs(page_bytes)
+    }
+
+    /// Unmap/TLB cost of one page mapping of `page_bytes`: per 4 KiB page, once for a 2 MiB page.
+    pub fn unmap_secs(&self, page_bytes: f64) -> f64 {
+        let _ = page_bytes;
+        self.migration.per_page_us * 1e-6
+    }
+}
+
+fn merge(base: &mut toml::Value, over: toml::Value) {
+    match (base, over) {
+        (toml::Value::Table(b), toml::Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(bv) if bv.is_table() && v.is_table() => merge(bv, v),
+                    _ => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_validate_and_carry_published_figures() {
+        for p in PRESETS {
+            MemoryModel::preset(p).unwrap().validate().unwrap();
+        }
+        let o = MemoryModel::preset("optane").unwrap();
+        assert_eq!((o.slow.read_ns, o.slow.write_ns), (310.0, 94.0));
+        assert_eq!((o.slow.read_gbps, o.slow.write_gbps), (37.0, 13.0));
+        let c = MemoryModel::preset("cxl").unwrap();
+        assert_eq!((c.fast.loaded_max_ns, c.slow.read_ns), (600.0, 288.0));
+    }
+
+    #[test]
+    fn loaded_latency_rises_with_use_and_is_capped() {
+        let c = MemoryModel::preset("cxl").unwrap();
+        let (idle, _) = c.fast.loaded(0.0);
+        let (half, _) = c.fast.loaded(0.5);
+        let (full, _) = c.fast.loaded(5.0);
+        assert_eq!(idle, 80.0);
+        assert_eq!(half, 160.0);
+        assert_eq!(full, 600.0);
+    }
+
+    #[test]
+    fn custom_toml_overrides_a_base_and_names_bad_fields() {
+        let m = MemoryModel::from_toml("base = \"cxl\"\n[slow]\nread_ns = 400\n").unwrap();
+        assert_eq!(m.slow.read_ns, 400.0);
+        assert_eq!(m.fast.read_ns, 80.0);
+        assert_eq!(m.name, "custom");
+        let e = MemoryModel::from_toml("base = \"cxl\"\n[slow]\nread_nz = 4\n").unwrap_err();
+        assert!(e.to_string().contains("read_nz"), "{e}");
+        let e = MemoryModel::from_toml("base = \"cxl\"\n[fast]\nread_gbps = -1\n").unwrap_err();
+        assert!(e.to_string().contains("fast.read_gbps"), "{e}");
+        let e = MemoryModel::from_toml("base = \"nope\"").unwrap_err();
+        assert!(e.to_string().contains("base"), "{e}");
+        // Without a base every field is required, and the missing one is named.
+        let e = MemoryModel::from_toml("[fast]\nread_ns = 1\n").unwrap_err();
+        assert!(e.to_string().contains("missing field"), "{e}");
+    }
+}

@@ -1,0 +1,288 @@
+//! The policies the simulator compares. Peers implement `vtism_engine::Policy` here with their own
+//! state, fed by the tracking mechanism each one really uses (see `mechanism`), and move whole
+//! placement units. Every parameter is the published one (peers.md and the seeds); assumptions are
+//! listed in docs/evaluation.md.
+
+mod autotiering;
+mod hemem;
+mod hmmv;
+mod memtis;
+mod oracle;
+mod tpp;
+
+use crate::mechanism::{
+    GuestScanner, HintFaultScanner, NoTracker, OracleFeed, PebsSampler, PmlScanner, Tracker,
+};
+use crate::sim::{MoveMode, PolicyRun, Setup, Static, FAST, SLOW};
+use vtism_engine::{EngineError, EngineParams, Move, MoveKind, NodeId, Phase, VmId, VmSpec, VtismPolicy};
+use vtism_proto::{Gfn, PageType};
+
+pub use autotiering::AutoTiering;
+pub use hemem::HeMem;
+pub use hmmv::HmmV;
+pub use memtis::Memtis;
+pub use oracle::Oracle;
+pub use tpp::{Tpp, TppMode};
+
+/// Policy names, in table order, with a one-line description.
+pub const POLICIES: &[(&str, &str)] = &[
+    ("all-fast", "everything in fast memory: the upper bound (1.0 by definition)"),
+    ("oracle", "knows the next 10 s of accesses, pays migration costs: a mover's practical bound"),
+    ("vtism", "the vtism engine fed by the guest A-bit tracker with the adaptive interval"),
+    ("static", "first-touch, no migration (Linux default, HMM-V's NUMA_B)"),
+    ("tpp", "Linux NUMA balancing tiering mode (numa_balancing=2) with TPP's demotion watermark"),
+    ("autonuma", "NUMA balancing for locality: promotes into free fast memory only, never demotes"),
+    ("hmmv", "HMM-V: PML-limited guest page-table scans, multi-level queue, bucket sort, pool"),
+    ("autotiering", "AutoTiering OPM-BD: 8-bit fault histories, LAP lists, background demotion"),
+    ("memtis", "Memtis: PEBS histogram, adaptive hot threshold, cooling, kmigrated every 500 ms"),
+    ("hemem", "HeMem: PEBS at 19,997, fixed thresholds 4/4, cooling at 10, policy every 10 ms"),
+];
+
+pub fn names() -> Vec<&'static str> {
+    POLICIES.iter().map(|p| p.0).collect()
+}
+
+/// Builds a named policy with its trackers for the VMs of `setup`.
+pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
+    let cfg = setup.cfg;
+    let fpu = cfg.fpu();
+    let per_vm = |f: &dyn Fn(usize) -> Box<dyn Tracker>| -> Vec<Box<dyn Tracker>> {
+        (0..setup.specs.len()).map(f).collect()
+    };
+    let run = |name: &str,
+               policy: Box<dyn vtism_engine::Policy + Send>,
+               trackers: Vec<Box<dyn Tracker>>,
+               pm: MoveMode,
+               dm: MoveMode| PolicyRun {
+        name: name.to_string(),
+        policy,
+        trackers,
+        promote_mode: pm,
+        demote_mode: dm,
+        mover_speedup: 1.0,
+        all_fast: false,
+    };
+    use MoveMode::*;
+    Ok(match name {
+        "all-fast" | "static" => {
+            let mut r = run(
+                name,
+                Box::new(Static {
+                    name: if name == "static" { "static" } else { "all-fast" },
+                }),
+                per_vm(&|_| Box::new(NoTracker)),
+                Unmap,
+                Unmap,
+            );
+            r.all_fast = name == "all-fast";
+            r
+        }
+        "vtism" => run(
+            name,
+            Box::new(
+                VtismPolicy::new(setup.topology.clone(), EngineParams::default())
+                    .map_err(|e| anyhow::anyhow!("{e}"))?,
+            ),
+            per_vm(&|i| Box::new(GuestScanner::new(setup.units[i]))),
+            Unmap,
+            Unmap,
+        ),
+        "oracle" => run(
+            name,
+            Box::new(Oracle::new(setup)),
+            per_vm(&|_| Box::new(OracleFeed::new())),
+            Unmap,
+            Unmap,
+        ),
+        "tpp" | "autonuma" => {
+            let mode = if name == "tpp" {
+                TppMode::Tiering
+            } else {
+                TppMode::Locality
+            };
+            run(
+                name,
+                Box::new(Tpp::new(mode, fpu)),
+                per_vm(&|i| Box::new(HintFaultScanner::new(setup.units[i]))),
+                Sync,
+                Unmap,
+            )
+        }
+        "autotiering" => run(
+            name,
+            Box::new(AutoTiering::new(fpu)),
+            per_vm(&|i| Box::new(HintFaultScanner::new(setup.units[i]))),
+            Sync,
+            Unmap,
+        ),
+        "hmmv" => {
+            let mut r = run(
+                name,
+                Box::new(HmmV::new(fpu, setup)),
+                per_vm(&|i| Box::new(PmlScanner::new(setup.units[i]))),
+                Pml,
+                Pml,
+            );
+            // Published: PML-based migration about 2x Linux migration speed.
+            r.mover_speedup = 2.0;
+            r
+        }
+        "memtis" => run(
+            name,
+            Box::new(Memtis::new(fpu)),
+            per_vm(&|i| {
+                Box::new(PebsSampler::new(
+                    199.0,
+                    100_003.0,
+                    Some(0.03),
+                    cfg.seed ^ (i as u64 + 1) * 0x9e37,
+                ))
+            }),
+            Unmap,
+            Unmap,
+        ),
+        "hemem" => run(
+            name,
+            Box::new(HeMem::new(fpu)),
+            per_vm(&|i| {
+                Box::new(PebsSampler::new(
+                    19_997.0,
+                    19_997.0,
+                    None,
+                    cfg.seed ^ (i as u64 + 1) * 0x5851,
+                ))
+            }),
+            WriteProtect,
+            WriteProtect,
+        ),
+        other => anyhow::bail!(
+            "--policy: unknown policy {other:?}; one of: {}",
+            names().join(", ")
+        ),
+    })
+}
+
+/// What a peer knows about one VM's placement, per unit.
+pub(crate) struct VmBook {
+    pub id: VmId,
+    pub units: usize,
+    pub fpu: u64,
+    pub quota_units: usize,
+    pub fast: Vec<bool>,
+    pub fast_units: usize,
+    pub ptype: Vec<PageType>,
+}
+
+impl VmBook {
+    pub fn new(spec: &VmSpec, fpu: u64) -> VmBook {
+        let units = (spec.ram.frames() / fpu) as usize;
+        VmBook {
+            id: spec.id,
+            units,
+            fpu,
+            quota_units: (spec.fast_quota_bytes / (fpu * vtism_proto::FRAME_SIZE)) as usize,
+            fast: vec![false; units],
+            fast_units: 0,
+            ptype: vec![PageType::Anon; units],
+        }
+    }
+    pub fn unit(&self, gfn: Gfn) -> Option<usize> {
+        let u = (gfn.0 / self.fpu) as usize;
+        (u < self.units).then_some(u)
+    }
+    pub fn free_units(&self) -> usize {
+        self.quota_units.saturating_sub(self.fast_units)
+    }
+    pub fn place(&mut self, gfn: Gfn, frames: u64, node: Option<NodeId>) -> Result<(), EngineError> {
+        let u0 = (gfn.0 / self.fpu) as usize;
+        let u1 = ((gfn.0 + frames).div_ceil(self.fpu) as usize).min(self.units);
+        if u0 >= self.units {
+            return Err(EngineError::OutOfMap {
+                vm: self.id,
+                gfn,
+                frames,
+            });
+        }
+        for u in u0..u1 {
+            let f = node == Some(FAST);
+            if self.fast[u] != f {
+                self.fast[u] = f;
+                if f {
+                    self.fast_units += 1
+                } else {
+                    self.fast_units -= 1
+                }
+            }
+        }
+        Ok(())
+    }
+    /// A move of unit `u` to the other tier; updates the book.
+    pub fn mv(&mut self, u: usize, kind: MoveKind, phase: Phase) -> Move {
+        let to_fast = !self.fast[u];
+        self.fast[u] = to_fast;
+        if to_fast {
+            self.fast_units += 1
+        } else {
+            self.fast_units -= 1
+        }
+        Move {
+            vm: self.id,
+            gfn: Gfn(u as u64 * self.fpu),
+            frames: self.fpu,
+            from: if to_fast { SLOW } else { FAST },
+            to: if to_fast { FAST } else { SLOW },
+            kind,
+            phase,
+        }
+    }
+}
+
+/// Finds a VM's book by id.
+pub(crate) fn book_pos(books: &[VmBook], vm: VmId) -> Result<usize, EngineError> {
+    books
+        .iter()
+        .position(|b| b.id == vm)
+        .ok_or(EngineError::UnknownVm(vm))
+}
+
+/// Implements the bookkeeping methods of `Policy` for a peer with a `books: Vec<VmBook>` field and
+/// an `add(&mut self, &VmSpec)` hook for its own per-VM state.
+macro_rules! peer_common {
+    () => {
+        fn add_vm(&mut self, spec: vtism_engine::VmSpec) -> Result<(), vtism_engine::EngineError> {
+            if self.books.iter().any(|b| b.id == spec.id) {
+                return Err(vtism_engine::EngineError::DuplicateVm(spec.id));
+            }
+            self.add(&spec);
+            self.books.push(crate::policies::VmBook::new(&spec, self.fpu));
+            Ok(())
+        }
+        fn remove_vm(&mut self, vm: vtism_engine::VmId) -> Result<(), vtism_engine::EngineError> {
+            let p = crate::policies::book_pos(&self.books, vm)?;
+            self.books.remove(p);
+            self.remove(p);
+            Ok(())
+        }
+        fn set_quota(
+            &mut self,
+            vm: vtism_engine::VmId,
+            bytes: u64,
+        ) -> Result<(), vtism_engine::EngineError> {
+            let p = crate::policies::book_pos(&self.books, vm)?;
+            let b = &mut self.books[p];
+            b.quota_units = (bytes / (b.fpu * vtism_proto::FRAME_SIZE)) as usize;
+            Ok(())
+        }
+        fn set_placement(
+            &mut self,
+            vm: vtism_engine::VmId,
+            gfn: vtism_proto::Gfn,
+            frames: u64,
+            node: Option<vtism_engine::NodeId>,
+        ) -> Result<(), vtism_engine::EngineError> {
+            let p = crate::policies::book_pos(&self.books, vm)?;
+            self.books[p].place(gfn, frames, node)
+        }
+    };
+}
+pub(crate) use peer_common;

@@ -1,0 +1,680 @@
+//! The simulator's driver: ground-truth placement, the epoch loop, the throughput model, plan
+//! execution with migration costs, and the measurements.
+//!
+//! Throughput model (docs/evaluation.md, "Model and limits"): a VM keeps `concurrency` memory
+//! accesses in flight; each costs `cpu_ns` of compute plus the latency of the tier its unit is on,
+//! at that tier's loaded latency. In an epoch of `dt` the VM has `concurrency * dt` of thread time,
+//! less what tracking and migration stole, and makes `thread time / (cpu_ns + mean latency)`
+//! accesses. Tier loads couple the VMs: latency depends on the bandwidth all VMs (and migrations)
+//! use, so each epoch solves that fixed point.
+
+use crate::mechanism::{EpochView, Tracker};
+use crate::model::MemoryModel;
+use crate::workload::{Profile, VmWorkload};
+use serde::Serialize;
+use std::collections::VecDeque;
+use vtism_engine::{Move, MoveKind, Nanos, NodeId, NodeSpec, PlanContext, Policy, Tier, Topology, VmId, VmSpec};
+use vtism_proto::{Gfn, RamMap, FRAME_SIZE};
+
+pub const FAST: NodeId = NodeId(0);
+pub const SLOW: NodeId = NodeId(1);
+const LINE: f64 = 64.0;
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub model: MemoryModel,
+    /// Placement unit (default 2 MiB: guest RAM backed by host huge pages).
+    pub unit_bytes: u64,
+    pub epoch_s: f64,
+    pub duration_s: f64,
+    /// Slow bytes per fast byte of each VM's footprint ("fast:slow 1:4" is 4).
+    pub slow_per_fast: f64,
+    pub seed: u64,
+    /// Timeline resolution.
+    pub sample_s: f64,
+    /// Address buckets of the hotness heatmap (first VM).
+    pub heat_buckets: usize,
+}
+
+impl SimConfig {
+    pub fn new(model: MemoryModel) -> Self {
+        SimConfig {
+            model,
+            unit_bytes: 2 << 20,
+            epoch_s: 0.1,
+            duration_s: 600.0,
+            slow_per_fast: 4.0,
+            seed: 1,
+            sample_s: 1.0,
+            heat_buckets: 64,
+        }
+    }
+    pub fn fpu(&self) -> u64 {
+        (self.unit_bytes / FRAME_SIZE).max(1)
+    }
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let f = self.unit_bytes / FRAME_SIZE;
+        if self.unit_bytes % FRAME_SIZE != 0 || !f.is_power_of_two() || f > 512 {
+            anyhow::bail!("--unit: must be a power of two between 4 KiB and 2 MiB");
+        }
+        if !(self.epoch_s > 0.0 && self.epoch_s <= 10.0) {
+            anyhow::bail!("--epoch-ms: must be between 1 and 10000");
+        }
+        if !(self.duration_s >= self.epoch_s) {
+            anyhow::bail!("--duration: must be at least one epoch");
+        }
+        if !(self.slow_per_fast >= 0.0 && self.slow_per_fast.is_finite()) {
+            anyhow::bail!("--ratio: slow per fast must be a non-negative number");
+        }
+        self.model.validate()
+    }
+}
+
+/// How a policy's moves disturb the VM (see `Sim::execute`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveMode {
+    /// Background `move_pages`: the page is unmapped while it is copied; accesses to it wait.
+    Unmap,
+    /// In the faulting thread (NUMA hint-fault promotion): that thread waits the whole migration,
+    /// others touching the page wait for the copy.
+    Sync,
+    /// HMM-V: copy while mapped, PML catches pages dirtied during the copy; only the remap stalls.
+    Pml,
+    /// HeMem: write-protected during the copy; only writes wait.
+    WriteProtect,
+}
+
+/// A policy ready to run: the policy, one tracker per VM, how its moves execute.
+pub struct PolicyRun {
+    pub name: String,
+    pub policy: Box<dyn Policy + Send>,
+    pub trackers: Vec<Box<dyn Tracker>>,
+    pub promote_mode: MoveMode,
+    pub demote_mode: MoveMode,
+    /// Mover speed relative to one `move_pages` thread (HMM-V: 2x, published).
+    pub mover_speedup: f64,
+    pub all_fast: bool,
+}
+
+/// What a policy constructor gets to know.
+pub struct Setup<'a> {
+    pub cfg: &'a SimConfig,
+    pub topology: Topology,
+    pub specs: Vec<VmSpec>,
+    pub workloads: &'a [VmWorkload],
+    pub units: Vec<usize>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VmResult {
+    pub name: String,
+    pub accesses: f64,
+    pub fast_accesses: f64,
+    pub thread_ns: f64,
+    pub tracking_ns: f64,
+    pub migration_ns: f64,
+    pub migrated_bytes: u64,
+    pub quota_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Sample {
+    pub t: f64,
+    /// Accesses per second, per VM.
+    pub tput: Vec<f64>,
+    /// Bytes in the fast tier, per VM.
+    pub fast_bytes: Vec<u64>,
+    /// Fast-tier hit ratio over the sample, per VM.
+    pub hit: Vec<f64>,
+    pub migrated_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunResult {
+    pub policy: String,
+    pub vms: Vec<VmResult>,
+    pub samples: Vec<Sample>,
+    /// First VM: per sample, each address bucket's share of accesses (rows: samples).
+    #[serde(skip)]
+    pub heat: Vec<Vec<f32>>,
+    /// First VM: per sample, each address bucket's fraction in fast memory.
+    #[serde(skip)]
+    pub heat_fast: Vec<Vec<f32>>,
+    pub wall_secs: f64,
+    pub engine_bytes: u64,
+}
+
+impl RunResult {
+    pub fn accesses(&self) -> f64 {
+        self.vms.iter().map(|v| v.accesses).sum()
+    }
+    pub fn fast_hit(&self) -> f64 {
+        let a = self.accesses();
+        if a > 0.0 {
+            self.vms.iter().map(|v| v.fast_accesses).sum::<f64>() / a
+        } else {
+            0.0
+        }
+    }
+    pub fn migrated_bytes(&self) -> u64 {
+        self.vms.iter().map(|v| v.migrated_bytes).sum()
+    }
+    pub fn tracking_overhead(&self) -> f64 {
+        let t: f64 = self.vms.iter().map(|v| v.thread_ns).sum();
+        self.vms.iter().map(|v| v.tracking_ns).sum::<f64>() / t.max(1.0)
+    }
+    pub fn migration_overhead(&self) -> f64 {
+        let t: f64 = self.vms.iter().map(|v| v.thread_ns).sum();
+        self.vms.iter().map(|v| v.migration_ns).sum::<f64>() / t.max(1.0)
+    }
+    pub fn total_tput(&self, i: usize) -> f64 {
+        self.samples[i].tput.iter().sum()
+    }
+}
+
+struct VmState {
+    id: VmId,
+    wl: VmWorkload,
+    units: usize,
+    /// Frames of each unit in fast memory.
+    fast: Vec<u32>,
+    fast_frames: u64,
+    phase: u64,
+    profile: Profile,
+    pending_stall: f64,
+    res: VmResult,
+    queue: VecDeque<Move>,
+    // Per-sample accumulators.
+    s_acc: f64,
+    s_fast: f64,
+    heat_acc: Vec<f64>,
+}
+
+/// Everything about one simulation except the policy.
+pub struct World<'a> {
+    pub cfg: &'a SimConfig,
+    pub workloads: &'a [VmWorkload],
+    pub fast_capacity: u64,
+    pub slow_capacity: u64,
+    pub quotas: Vec<u64>,
+    pub all_fast: bool,
+}
+
+impl<'a> World<'a> {
+    pub fn new(cfg: &'a SimConfig, workloads: &'a [VmWorkload], all_fast: bool) -> World<'a> {
+        let quotas: Vec<u64> = workloads
+            .iter()
+            .map(|w| {
+                let units = w.units(cfg.unit_bytes) as u64;
+                let q = if all_fast {
+                    units
+                } else {
+                    ((units as f64) / (1.0 + cfg.slow_per_fast)).round() as u64
+                };
+                q * cfg.unit_bytes
+            })
+            .collect();
+        let total: u64 = workloads
+            .iter()
+            .map(|w| w.units(cfg.unit_bytes) as u64 * cfg.unit_bytes)
+            .sum();
+        World {
+            cfg,
+            workloads,
+            fast_capacity: quotas.iter().sum(),
+            slow_capacity: total,
+            quotas,
+            all_fast,
+        }
+    }
+
+    pub fn topology(&self) -> Topology {
+        Topology::new(
+            vec![
+                NodeSpec {
+                    id: FAST,
+                    tier: Tier(0),
+                    capacity_bytes: self.fast_capacity.max(1),
+                    cpus: vec![0],
+                    socket: 0,
+                },
+                NodeSpec {
+                    id: SLOW,
+                    tier: Tier(1),
+                    capacity_bytes: self.slow_capacity.max(1),
+                    cpus: vec![],
+                    socket: 0,
+                },
+            ],
+            Some(vec![vec![10, 20], vec![20, 10]]),
+        )
+        .expect("two-node topology")
+    }
+
+    pub fn setup(&self) -> Setup<'_> {
+        let fpu = self.cfg.fpu();
+        let specs = self
+            .workloads
+            .iter()
+            .enumerate()
+            .map(|(i, w)| VmSpec {
+                id: VmId(i as u32 + 1),
+                ram: RamMap::contiguous(w.units(self.cfg.unit_bytes) as u64 * fpu),
+                fast_quota_bytes: self.quotas[i],
+                home_node: Some(FAST),
+            })
+            .collect();
+        Setup {
+            cfg: self.cfg,
+            topology: self.topology(),
+            specs,
+            workloads: self.workloads,
+            units: self
+                .workloads
+                .iter()
+                .map(|w| w.units(self.cfg.unit_bytes))
+                .collect(),
+        }
+    }
+}
+
+/// Progress callback: fraction done.
+pub type Progress<'p> = &'p mut dyn FnMut(f64);
+
+pub fn run(
+    cfg: &SimConfig,
+    workloads: &[VmWorkload],
+    mut pr: PolicyRun,
+    progress: Progress<'_>,
+) -> anyhow::Result<RunResult> {
+    let started = std::time::Instant::now();
+    let world = World::new(cfg, workloads, pr.all_fast);
+    let fpu = cfg.fpu();
+    let m = &cfg.model;
+    let setup = world.setup();
+    let mut vms: Vec<VmState> = Vec::new();
+    for (i, spec) in setup.specs.iter().enumerate() {
+        pr.policy.add_vm(spec.clone())?;
+        let w = &workloads[i];
+        let units = setup.units[i];
+        let quota_units = (world.quotas[i] / cfg.unit_bytes) as usize;
+        // First touch: the first `quota` units in touch order land in fast memory.
+        let mut fast = vec![0u32; units];
+        for &u in w.touch_order(cfg.unit_bytes).iter().take(quota_units) {
+            fast[u as usize] = fpu as u32;
+        }
+        // Tell the policy, in runs.
+        let mut s = 0;
+        while s < units {
+            let on = fast[s] > 0;
+            let mut e = s + 1;
+            while e < units && (fast[e] > 0) == on {
+                e += 1;
+            }
+            pr.policy.set_placement(
+                spec.id,
+                Gfn(s as u64 * fpu),
+                (e - s) as u64 * fpu,
+                Some(if on { FAST } else { SLOW }),
+            )?;
+            s = e;
+        }
+        let phase = w.phase(0.0);
+        vms.push(VmState {
+            id: spec.id,
+            wl: w.clone(),
+            units,
+            fast_frames: fast.iter().map(|&f| f as u64).sum(),
+            fast,
+            phase,
+            profile: w.profile(phase, cfg.unit_bytes),
+            pending_stall: 0.0,
+            res: VmResult {
+                name: w.name.clone(),
+                quota_bytes: world.quotas[i],
+                ..Default::default()
+            },
+            queue: VecDeque::new(),
+            s_acc: 0.0,
+            s_fast: 0.0,
+            heat_acc: vec![0.0; cfg.heat_buckets.max(1)],
+        });
+    }
+    let fast_cap_frames = world.fast_capacity / FRAME_SIZE;
+    let epochs = (cfg.duration_s / cfg.epoch_s).round().max(1.0) as usize;
+    let per_sample = ((cfg.sample_s / cfg.epoch_s).round() as usize).max(1);
+    let dt = cfg.epoch_s;
+    let mut out = RunResult {
+        policy: pr.name.clone(),
+        ..Default::default()
+    };
+    // Migration traffic of the previous epoch, bytes read from / written to (fast, slow).
+    let mut mig_bytes = [0.0f64; 2];
+    let mut s_migrated = 0u64;
+    let mut sums = vec![[0.0f64; 4]; vms.len()];
+    let mut n_acc = vec![0.0f64; vms.len()];
+    let mut stall_now = vec![0.0f64; vms.len()];
+    for e in 0..epochs {
+        let t0 = e as f64 * dt;
+        let t1 = t0 + dt;
+        // Profiles and the placement-weighted shares: [fast reads, fast writes, slow r, slow w].
+        for (k, v) in vms.iter_mut().enumerate() {
+            let ph = v.wl.phase(t0);
+            if ph != v.phase {
+                v.phase = ph;
+                v.profile = v.wl.profile(ph, cfg.unit_bytes);
+            }
+            let mut s = [0.0f64; 4];
+            for u in 0..v.units {
+                let f = v.fast[u] as f64 / fpu as f64;
+                let (r, w) = (v.profile.read[u] as f64, v.profile.write[u] as f64);
+                s[0] += r * f;
+                s[1] += w * f;
+                s[2] += r * (1.0 - f);
+                s[3] += w * (1.0 - f);
+            }
+            sums[k] = s;
+            let thread_ns = v.wl.concurrency * dt * 1e9;
+            let st = v.pending_stall.min(0.95 * thread_ns);
+            v.pending_stall -= st;
+            stall_now[k] = st;
+        }
+        // Fixed point: loaded latencies from tier utilisation.
+        let mut u_fast = 0.0;
+        let mut u_slow = 0.0;
+        for _ in 0..12 {
+            let (fr, fw) = m.fast.loaded(u_fast);
+            let (sr, sw) = m.slow.loaded(u_slow);
+            let over = |u: f64| if u > 1.0 { u } else { 1.0 };
+            let (fr, fw) = (fr * over(u_fast), fw * over(u_fast));
+            let (sr, sw) = (sr * over(u_slow), sw * over(u_slow));
+            let mut bytes = [mig_bytes[0], 0.0, mig_bytes[1], 0.0];
+            // bytes: fast read, fast write, slow read, slow write
+            bytes[1] += 0.0;
+            for (k, v) in vms.iter().enumerate() {
+                let s = sums[k];
+                let lat = s[0] * fr + s[1] * fw + s[2] * sr + s[3] * sw;
+                let thread_ns = v.wl.concurrency * dt * 1e9 - stall_now[k];
+                let n = thread_ns / (v.wl.cpu_ns + lat);
+                n_acc[k] = n;
+                bytes[0] += n * s[0] * LINE;
+                bytes[1] += n * s[1] * LINE;
+                bytes[2] += n * s[2] * LINE;
+                bytes[3] += n * s[3] * LINE;
+            }
+            let nf = m.fast.busy_secs(bytes[0], bytes[1]) / dt;
+            let ns = m.slow.busy_secs(bytes[2], bytes[3]) / dt;
+            u_fast = 0.5 * u_fast + 0.5 * nf;
+            u_slow = 0.5 * u_slow + 0.5 * ns;
+        }
+        // Record.
+        for (k, v) in vms.iter_mut().enumerate() {
+            let n = n_acc[k];
+            let s = sums[k];
+            v.res.accesses += n;
+            v.res.fast_accesses += n * (s[0] + s[1]);
+            v.res.thread_ns += v.wl.concurrency * dt * 1e9;
+            v.s_acc += n;
+            v.s_fast += n * (s[0] + s[1]);
+            if k == 0 {
+                let b = v.heat_acc.len();
+                for u in 0..v.units {
+                    v.heat_acc[u * b / v.units] += v.profile.share(u) * n;
+                }
+            }
+        }
+        // Trackers observe, charge their cost to the next epoch.
+        for (k, v) in vms.iter_mut().enumerate() {
+            let view = EpochView {
+                vm: v.id,
+                wl: &v.wl,
+                profile: &v.profile,
+                accesses: n_acc[k],
+                t0,
+                t1,
+                unit_bytes: cfg.unit_bytes,
+                model: m,
+            };
+            let c = pr.trackers[k].epoch(&view, pr.policy.as_mut())?;
+            v.pending_stall += c.stall_ns;
+            v.res.tracking_ns += c.stall_ns;
+        }
+        // Plan and execute.
+        let fast_used: u64 = vms.iter().map(|v| v.fast_frames).sum();
+        let free = [
+            (FAST, fast_cap_frames.saturating_sub(fast_used) * FRAME_SIZE),
+            (SLOW, world.slow_capacity),
+        ];
+        let plan = pr.policy.plan(
+            &PlanContext {
+                node_free_bytes: &free,
+                budget_bytes: None,
+            },
+            Nanos(((t1) * 1e9).round() as u64),
+        );
+        let mut planned = vec![0u64; vms.len()];
+        for mv in plan.moves {
+            if let Some(k) = vms.iter().position(|v| v.id == mv.vm) {
+                planned[k] += mv.bytes();
+                vms[k].queue.push_back(mv);
+            }
+        }
+        for (k, p) in planned.iter().enumerate() {
+            pr.trackers[k].moved(*p);
+        }
+        mig_bytes = [0.0; 2];
+        let mut fast_used = fast_used;
+        for (k, v) in vms.iter_mut().enumerate() {
+            let moved = execute(
+                v,
+                &mut pr,
+                cfg,
+                n_acc[k] / dt,
+                fast_cap_frames,
+                &mut fast_used,
+                &mut mig_bytes,
+            )?;
+            v.res.migrated_bytes += moved;
+            s_migrated += moved;
+        }
+        // Timeline.
+        if (e + 1) % per_sample == 0 || e + 1 == epochs {
+            let span = ((e % per_sample) + 1) as f64 * dt;
+            let mut s = Sample {
+                t: t1,
+                migrated_bytes: s_migrated,
+                ..Default::default()
+            };
+            s_migrated = 0;
+            for (k, v) in vms.iter_mut().enumerate() {
+                s.tput.push(v.s_acc / span);
+                s.fast_bytes.push(v.fast_frames * FRAME_SIZE);
+                s.hit
+                    .push(if v.s_acc > 0.0 { v.s_fast / v.s_acc } else { 0.0 });
+                v.s_acc = 0.0;
+                v.s_fast = 0.0;
+                if k == 0 {
+                    let tot: f64 = v.heat_acc.iter().sum();
+                    out.heat.push(
+                        v.heat_acc
+                            .iter()
+                            .map(|&x| (x / tot.max(1e-30)) as f32)
+                            .collect(),
+                    );
+                    v.heat_acc.iter_mut().for_each(|x| *x = 0.0);
+                    let b = v.heat_acc.len();
+                    let mut fb = vec![0.0f64; b];
+                    let mut cnt = vec![0.0f64; b];
+                    for u in 0..v.units {
+                        fb[u * b / v.units] += v.fast[u] as f64 / fpu as f64;
+                        cnt[u * b / v.units] += 1.0;
+                    }
+                    out.heat_fast.push(
+                        fb.iter()
+                            .zip(&cnt)
+                            .map(|(f, c)| (f / c.max(1.0)) as f32)
+                            .collect(),
+                    );
+                }
+            }
+            out.samples.push(s);
+            progress((e + 1) as f64 / epochs as f64);
+        }
+    }
+    out.vms = vms.into_iter().map(|v| v.res).collect();
+    out.wall_secs = started.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Executes queued moves of one VM within one epoch of mover time; charges their stalls.
+fn execute(
+    v: &mut VmState,
+    pr: &mut PolicyRun,
+    cfg: &SimConfig,
+    rate: f64,
+    fast_cap: u64,
+    fast_used: &mut u64,
+    mig_bytes: &mut [f64; 2],
+) -> anyhow::Result<u64> {
+    let m = &cfg.model;
+    let fpu = cfg.fpu();
+    let mut budget = cfg.epoch_s;
+    let mut moved = 0u64;
+    let conc = v.wl.concurrency;
+    let vcpus = v.wl.vcpus as f64;
+    while let Some(mv) = v.queue.front().copied() {
+        let bytes = mv.bytes() as f64;
+        let secs = m.migration_secs(bytes, cfg.unit_bytes as f64, pr.mover_speedup);
+        if secs > budget && budget < cfg.epoch_s {
+            break;
+        }
+        v.queue.pop_front();
+        let to_fast = mv.to == FAST;
+        // Check it against the truth, unit by unit.
+        let u0 = (mv.gfn.0 / fpu) as usize;
+        let u1 = ((mv.gfn.0 + mv.frames).div_ceil(fpu) as usize).min(v.units);
+        let mut ok = mv.from != mv.to && u0 < u1;
+        let mut need = vec![];
+        if ok {
+            for u in u0..u1 {
+                let a = (mv.gfn.0.max(u as u64 * fpu)) as u64;
+                let b = (mv.gfn.0 + mv.frames).min((u as u64 + 1) * fpu);
+                let k = (b - a) as u32;
+                let avail = if mv.from == FAST {
+                    v.fast[u]
+                } else {
+                    fpu as u32 - v.fast[u]
+                };
+                if avail < k {
+                    ok = false;
+                    break;
+                }
+                need.push((u, k));
+            }
+        }
+        if ok && to_fast && *fast_used + mv.frames > fast_cap {
+            ok = false;
+        }
+        if !ok {
+            // Tell the policy where the frames really are.
+            for u in u0..u1.max(u0) {
+                if u >= v.units {
+                    break;
+                }
+                let node = if v.fast[u] * 2 >= fpu as u32 {
+                    FAST
+                } else {
+                    SLOW
+                };
+                pr.policy
+                    .set_placement(v.id, Gfn(u as u64 * fpu), fpu, Some(node))?;
+            }
+            continue;
+        }
+        budget -= secs;
+        for (u, k) in need {
+            if to_fast {
+                v.fast[u] += k;
+            } else {
+                v.fast[u] -= k;
+            }
+        }
+        if to_fast {
+            *fast_used += mv.frames;
+            v.fast_frames += mv.frames;
+        } else {
+            *fast_used -= mv.frames;
+            v.fast_frames -= mv.frames;
+        }
+        moved += mv.bytes();
+        if to_fast {
+            mig_bytes[1] += bytes;
+            mig_bytes[0] += bytes;
+        } else {
+            mig_bytes[0] += bytes;
+            mig_bytes[1] += bytes;
+        }
+        // Stall.
+        let mode = if mv.kind == MoveKind::Promote {
+            pr.promote_mode
+        } else {
+            pr.demote_mode
+        };
+        let copy = bytes / (m.migration.copy_gbps * 1e9 * pr.mover_speedup);
+        let pages = (bytes / cfg.unit_bytes as f64).max(1.0);
+        let unmap = vcpus * pages * m.unmap_secs(cfg.unit_bytes as f64);
+        let share: f64 = (u0..u1).map(|u| v.profile.share(u)).sum();
+        let wshare: f64 = (u0..u1).map(|u| v.profile.write[u] as f64).sum();
+        let waiters = |r: f64| (r * copy).min(conc);
+        let stall = match mode {
+            MoveMode::Unmap => unmap + waiters(rate * share) * copy / 2.0,
+            MoveMode::Sync => secs + unmap + waiters(rate * share) * copy / 2.0,
+            MoveMode::Pml => unmap,
+            MoveMode::WriteProtect => unmap + waiters(rate * wshare) * copy / 2.0,
+        };
+        v.pending_stall += stall * 1e9;
+        v.res.migration_ns += stall * 1e9;
+    }
+    Ok(moved)
+}
+
+/// A policy that never moves anything (static first-touch, and all-fast).
+pub struct Static {
+    pub name: &'static str,
+}
+
+impl Policy for Static {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn add_vm(&mut self, _: VmSpec) -> Result<(), vtism_engine::EngineError> {
+        Ok(())
+    }
+    fn remove_vm(&mut self, _: VmId) -> Result<(), vtism_engine::EngineError> {
+        Ok(())
+    }
+    fn set_quota(&mut self, _: VmId, _: u64) -> Result<(), vtism_engine::EngineError> {
+        Ok(())
+    }
+    fn observe(
+        &mut self,
+        _: VmId,
+        _: vtism_engine::Observation<'_>,
+        _: Nanos,
+    ) -> Result<vtism_engine::IngestStats, vtism_engine::EngineError> {
+        Ok(Default::default())
+    }
+    fn set_placement(
+        &mut self,
+        _: VmId,
+        _: Gfn,
+        _: u64,
+        _: Option<NodeId>,
+    ) -> Result<(), vtism_engine::EngineError> {
+        Ok(())
+    }
+    fn plan(&mut self, _: &PlanContext<'_>, _: Nanos) -> vtism_engine::Plan {
+        Default::default()
+    }
+}
