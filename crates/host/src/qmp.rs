@@ -73,6 +73,8 @@ pub struct Qmp {
     pub version: (u64, u64, u64),
     /// When set, every line sent (`-> `) and received (`<- `) is appended: fixture capture.
     pub transcript: Option<Vec<String>>,
+    /// The peer hung up; reported once the events read before it are handed out.
+    eof: bool,
 }
 
 impl Qmp {
@@ -103,6 +105,7 @@ impl Qmp {
             pid,
             version: (0, 0, 0),
             transcript: record.then(Vec::new),
+            eof: false,
         };
         let deadline = Instant::now() + timeout;
         let greeting = q.read_value(deadline)?;
@@ -240,6 +243,9 @@ impl Qmp {
 
     /// Collects events that arrived without blocking. `Err(Disconnected)` when QEMU went away.
     pub fn poll_events(&mut self) -> Result<Vec<Event>, QmpError> {
+        if self.eof {
+            return Err(QmpError::Disconnected);
+        }
         self.stream.set_nonblocking(true)?;
         let mut result = Ok(());
         loop {
@@ -264,13 +270,23 @@ impl Qmp {
                 }
             }
         }
-        self.stream.set_nonblocking(false)?;
+        let _ = self.stream.set_nonblocking(false);
         while let Some(line) = self.lines.take_line() {
+            if let Some(t) = self.transcript.as_mut() {
+                t.push(format!("<- {}", String::from_utf8_lossy(&line)));
+            }
             if let Ok(v) = serde_json::from_slice::<Value>(&line) {
                 self.push_event(&v);
             }
         }
-        result?;
+        if let Err(e) = result {
+            if matches!(e, QmpError::Disconnected) && !self.events.is_empty() {
+                // Hand out what arrived before the hang-up; report it on the next call.
+                self.eof = true;
+            } else {
+                return Err(e);
+            }
+        }
         Ok(self.events.drain(..).collect())
     }
 }
