@@ -3,7 +3,11 @@
 
 mod support {
     pub mod cpu_time;
+    pub mod huge_alloc;
 }
+
+#[global_allocator]
+static ALLOC: support::huge_alloc::HugeAlloc = support::huge_alloc::HugeAlloc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use support::cpu_time::ThreadCpuTime;

@@ -216,6 +216,25 @@ impl Tables {
         *s = n;
     }
 
+    /// The key of a frame, and the frame's state after [`Tables::maintain`] if that changes it:
+    /// one age and decay lookup for both (the classification pass's inner loop).
+    #[inline(always)]
+    pub fn key_and_maintain(&self, s: FrameState, round: u8) -> (Key, Option<FrameState>) {
+        let not_file = (((s.0 >> TYPE_SHIFT) & 3) != PageType::File as u32) as u16;
+        if !s.seen() {
+            return (not_file, None);
+        }
+        let age = round.wrapping_sub(s.stamp()) as usize;
+        let eff = (s.score() as u32 * self.decay[age] as u32) >> 8;
+        let g = self.gen[age] as u16;
+        if age >= FORGET_AGE as usize || (g == 3 && eff == 0) {
+            let mut f = s;
+            f.forget();
+            return (not_file, Some(f));
+        }
+        (((eff as u16) << 3) | ((3 - g) << 1) | not_file, None)
+    }
+
     /// Forget a frame's history once that cannot change its key (decayed score 0, oldest
     /// generation), and always before its stamp could wrap. Forgotten frames of one node and type
     /// have identical states, so the planner's pass over them runs at memory speed. Returns true
@@ -317,6 +336,25 @@ mod tests {
         assert!(t.maintain(&mut far, FORGET_AGE));
         assert!(!far.seen());
         assert_eq!(t.key(far, 0), 1);
+    }
+
+    #[test]
+    fn fused_key_matches_key_then_maintain() {
+        let t = t();
+        for count in [1u8, 2, 8, 100] {
+            for ty in [PageType::Anon, PageType::File] {
+                let mut s = FrameState::NEW;
+                s.set_node(Some(NodeId(2)));
+                t.hint(&mut s, 3, count, count > 50, ty);
+                for round in 0..=255u8 {
+                    let (k, m) = t.key_and_maintain(s, round);
+                    let mut m2 = s;
+                    let changed = t.maintain(&mut m2, round);
+                    assert_eq!(k, t.key(m2, round));
+                    assert_eq!(m, if changed { Some(m2) } else { None });
+                }
+            }
+        }
     }
 
     #[test]

@@ -392,62 +392,65 @@ impl VtismPolicy {
         let frames = &mut v.frames[..];
         let mut i = 0;
         let (mut run_key, mut run_fast, mut run_len) = (u16::MAX, false, 0u64);
-        let mut flush = |k: u16, fast: bool, len: u64, stats: &mut VmPlanStats| {
-            if len == 0 {
-                return;
-            }
-            if fast {
-                hf[k as usize] += len;
-                if k >= min_hot_key {
-                    stats.hot_fast_frames += len;
+        let (mut hot_frames, mut hot_fast_frames) = (0u64, 0u64);
+        // Counts a finished run; counters stay in registers.
+        macro_rules! flush {
+            () => {
+                if run_len > 0 {
+                    if run_fast {
+                        hf[run_key as usize] += run_len;
+                        if run_key >= min_hot_key {
+                            hot_fast_frames += run_len;
+                        }
+                    } else {
+                        hs[run_key as usize] += run_len;
+                    }
+                    if run_key >= min_hot_key {
+                        hot_frames += run_len;
+                    }
                 }
-            } else {
-                hs[k as usize] += len;
-            }
-            if k >= min_hot_key {
-                stats.hot_frames += len;
-            }
-        };
+            };
+        }
         let mut prev = FrameState(u32::MAX); // no real state: the huge, seen and node bits all set
         while i < n {
-            let mut s = frames[i];
+            let s = frames[i];
+            let w = if s.huge_head() { HUGE_FRAMES } else { 1 };
             if s == prev {
-                // Same state, same key: extend the run (identical states share the huge bit too);
-                // a run of unknown placement (run_key MAX) is not counted.
-                let w = if s.huge_head() { HUGE_FRAMES } else { 1 };
+                // Same state, same key: extend the run; a run of unknown placement (run_key MAX)
+                // is not counted.
                 if run_key != u16::MAX {
                     run_len += w;
                 }
                 i += w as usize;
                 continue;
             }
-            if tables.maintain(&mut s, r) {
-                frames[i] = s;
-            }
-            prev = s;
-            let w = if s.huge_head() {
-                HUGE_FRAMES as usize
-            } else {
-                1
+            let (k, forgotten) = tables.key_and_maintain(s, r);
+            prev = match forgotten {
+                Some(f) => {
+                    frames[i] = f;
+                    f
+                }
+                None => s,
             };
             let node = s.node_raw();
             if node != NODE_UNKNOWN {
-                let k = tables.key(s, r);
                 let fast = is_fast[node as usize];
                 if k == run_key && fast == run_fast {
-                    run_len += w as u64;
+                    run_len += w;
                 } else {
-                    flush(run_key, run_fast, run_len, &mut stats);
-                    (run_key, run_fast, run_len) = (k, fast, w as u64);
+                    flush!();
+                    (run_key, run_fast, run_len) = (k, fast, w);
                 }
             } else {
                 // Unknown placement: not counted, and ends the run.
-                flush(run_key, run_fast, run_len, &mut stats);
+                flush!();
                 (run_key, run_fast, run_len) = (u16::MAX, false, 0);
             }
-            i += w;
+            i += w as usize;
         }
-        flush(run_key, run_fast, run_len, &mut stats);
+        flush!();
+        stats.hot_frames = hot_frames;
+        stats.hot_fast_frames = hot_fast_frames;
         for (node, &c) in v.node_frames.iter().enumerate() {
             if is_fast[node] {
                 stats.fast_frames += c
