@@ -8,6 +8,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/debugfs.h>
 #include <linux/io.h>
 #include <linux/kernel.h>
 #include <linux/kobject.h>
@@ -15,8 +16,10 @@
 #include <linux/ktime.h>
 #include <linux/module.h>
 #include <linux/overflow.h>
+#include <linux/mutex.h>
 #include <linux/pci.h>
 #include <linux/sched.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/sysfs.h>
 
@@ -78,75 +81,91 @@ static u64 vt_capacity;
 
 /* ---- statistics ---- */
 
-#define VT_STAT(_name, _expr)							\
-static ssize_t _name##_show(struct kobject *kobj, struct kobj_attribute *a, char *buf) \
-{										\
-	return sysfs_emit(buf, "%llu\n", (unsigned long long)READ_ONCE(_expr));	\
-}										\
-static struct kobj_attribute vt_attr_##_name = __ATTR_RO(_name)
+/*
+ * One value per file in /sys/kernel/vtism_guest/, and all of them in one consistent snapshot
+ * in debugfs vtism_guest/stats (the thread updates them under vt_stats_lock once per round).
+ */
+static DEFINE_MUTEX(vt_stats_lock);
 
-VT_STAT(rounds, vt_stats.rounds);
-VT_STAT(last_scan_us, vt_stats.last_scan_us);
-VT_STAT(total_scan_us, vt_stats.total_scan_us);
-VT_STAT(last_interval_ms, vt_stats.last_interval_ms);
-VT_STAT(last_entries, vt_stats.last_entries);
-VT_STAT(entries_written, vt_stats.entries_written);
-VT_STAT(last_hot_frames, vt_stats.last_hot_frames);
-VT_STAT(overflow_rounds, vt_stats.overflow_rounds);
-VT_STAT(tracked_frames, vt_stats.tracked_frames);
-VT_STAT(track_alloc_fail, vt_stats.track_alloc_fail);
-VT_STAT(feedback_entry_budget, vt_stats.fb_entry_budget);
-VT_STAT(feedback_min_interval_ms, vt_stats.fb_min_interval_ms);
-VT_STAT(feedback_ack_round, vt_stats.fb_ack_round);
-VT_STAT(feedback_read_retries, vt_stats.fb_read_retries);
-VT_STAT(tlb_flushes, vt_stats.tlb_flushes);
-VT_STAT(stopped_mid_scan, vt_stats.stopped_mid_scan);
-VT_STAT(capacity, vt_capacity);
-VT_STAT(mms_scanned, vt_stats.total.mms);
-VT_STAT(mm_released, vt_stats.total.mm_released);
-VT_STAT(lock_drops, vt_stats.total.lock_drops);
-VT_STAT(ptes_visited, vt_stats.total.ptes_visited);
-VT_STAT(ptes_young, vt_stats.total.ptes_young);
-VT_STAT(pmd_skipped, vt_stats.total.pmd_skipped);
-VT_STAT(pud_skipped, vt_stats.total.pud_skipped);
-VT_STAT(thp_young, vt_stats.total.thp_young);
-VT_STAT(pte_retries, vt_stats.total.pte_retries);
-VT_STAT(last_mms, vt_stats.last.mms);
-VT_STAT(last_ptes_visited, vt_stats.last.ptes_visited);
-VT_STAT(last_ptes_present, vt_stats.last.ptes_present);
-VT_STAT(last_ptes_young, vt_stats.last.ptes_young);
-VT_STAT(last_pmd_tables, vt_stats.last.pmd_tables);
-VT_STAT(last_pmd_skipped, vt_stats.last.pmd_skipped);
-VT_STAT(last_pud_tables, vt_stats.last.pud_tables);
-VT_STAT(last_pud_skipped, vt_stats.last.pud_skipped);
-VT_STAT(last_thp_present, vt_stats.last.thp_present);
-VT_STAT(last_thp_young, vt_stats.last.thp_young);
-VT_STAT(last_tracked_bytes, vt_stats.last.tracked_bytes);
-
-static struct attribute *vt_attrs[] = {
-	&vt_attr_rounds.attr, &vt_attr_last_scan_us.attr, &vt_attr_total_scan_us.attr,
-	&vt_attr_last_interval_ms.attr, &vt_attr_last_entries.attr,
-	&vt_attr_entries_written.attr, &vt_attr_last_hot_frames.attr,
-	&vt_attr_overflow_rounds.attr, &vt_attr_tracked_frames.attr,
-	&vt_attr_track_alloc_fail.attr, &vt_attr_feedback_entry_budget.attr,
-	&vt_attr_feedback_min_interval_ms.attr, &vt_attr_feedback_ack_round.attr,
-	&vt_attr_feedback_read_retries.attr, &vt_attr_tlb_flushes.attr,
-	&vt_attr_stopped_mid_scan.attr, &vt_attr_capacity.attr, &vt_attr_mms_scanned.attr,
-	&vt_attr_mm_released.attr, &vt_attr_lock_drops.attr, &vt_attr_ptes_visited.attr,
-	&vt_attr_ptes_young.attr, &vt_attr_pmd_skipped.attr, &vt_attr_pud_skipped.attr,
-	&vt_attr_thp_young.attr, &vt_attr_pte_retries.attr, &vt_attr_last_mms.attr,
-	&vt_attr_last_ptes_visited.attr, &vt_attr_last_ptes_present.attr,
-	&vt_attr_last_ptes_young.attr, &vt_attr_last_pmd_tables.attr,
-	&vt_attr_last_pmd_skipped.attr, &vt_attr_last_pud_tables.attr,
-	&vt_attr_last_pud_skipped.attr, &vt_attr_last_thp_present.attr,
-	&vt_attr_last_thp_young.attr, &vt_attr_last_tracked_bytes.attr,
-	NULL,
+struct vt_stat_attr {
+	struct kobj_attribute attr;
+	const u64 *val;
 };
+
+static ssize_t vt_stat_show(struct kobject *kobj, struct kobj_attribute *a, char *buf)
+{
+	const struct vt_stat_attr *s = container_of(a, struct vt_stat_attr, attr);
+
+	return sysfs_emit(buf, "%llu\n", (unsigned long long)READ_ONCE(*s->val));
+}
+
+#define VT_STAT(_name, _field) \
+	{ .attr = __ATTR(_name, 0444, vt_stat_show, NULL), .val = &(_field) }
+
+static struct vt_stat_attr vt_stat_attrs[] = {
+	VT_STAT(rounds, vt_stats.rounds),
+	VT_STAT(last_scan_us, vt_stats.last_scan_us),
+	VT_STAT(total_scan_us, vt_stats.total_scan_us),
+	VT_STAT(last_interval_ms, vt_stats.last_interval_ms),
+	VT_STAT(last_entries, vt_stats.last_entries),
+	VT_STAT(entries_written, vt_stats.entries_written),
+	VT_STAT(last_hot_frames, vt_stats.last_hot_frames),
+	VT_STAT(overflow_rounds, vt_stats.overflow_rounds),
+	VT_STAT(tracked_frames, vt_stats.tracked_frames),
+	VT_STAT(track_alloc_fail, vt_stats.track_alloc_fail),
+	VT_STAT(feedback_entry_budget, vt_stats.fb_entry_budget),
+	VT_STAT(feedback_min_interval_ms, vt_stats.fb_min_interval_ms),
+	VT_STAT(feedback_ack_round, vt_stats.fb_ack_round),
+	VT_STAT(feedback_read_retries, vt_stats.fb_read_retries),
+	VT_STAT(tlb_flushes, vt_stats.tlb_flushes),
+	VT_STAT(stopped_mid_scan, vt_stats.stopped_mid_scan),
+	VT_STAT(capacity, vt_capacity),
+	VT_STAT(mms_scanned, vt_stats.total.mms),
+	VT_STAT(mm_released, vt_stats.total.mm_released),
+	VT_STAT(lock_drops, vt_stats.total.lock_drops),
+	VT_STAT(ptes_visited, vt_stats.total.ptes_visited),
+	VT_STAT(ptes_present, vt_stats.total.ptes_present),
+	VT_STAT(ptes_young, vt_stats.total.ptes_young),
+	VT_STAT(pmd_tables, vt_stats.total.pmd_tables),
+	VT_STAT(pmd_skipped, vt_stats.total.pmd_skipped),
+	VT_STAT(pud_tables, vt_stats.total.pud_tables),
+	VT_STAT(pud_skipped, vt_stats.total.pud_skipped),
+	VT_STAT(thp_present, vt_stats.total.thp_present),
+	VT_STAT(thp_young, vt_stats.total.thp_young),
+	VT_STAT(pte_retries, vt_stats.total.pte_retries),
+	VT_STAT(last_mms, vt_stats.last.mms),
+	VT_STAT(last_ptes_visited, vt_stats.last.ptes_visited),
+	VT_STAT(last_ptes_present, vt_stats.last.ptes_present),
+	VT_STAT(last_ptes_young, vt_stats.last.ptes_young),
+	VT_STAT(last_pmd_tables, vt_stats.last.pmd_tables),
+	VT_STAT(last_pmd_skipped, vt_stats.last.pmd_skipped),
+	VT_STAT(last_pud_tables, vt_stats.last.pud_tables),
+	VT_STAT(last_pud_skipped, vt_stats.last.pud_skipped),
+	VT_STAT(last_thp_present, vt_stats.last.thp_present),
+	VT_STAT(last_thp_young, vt_stats.last.thp_young),
+	VT_STAT(last_tracked_bytes, vt_stats.last.tracked_bytes),
+};
+
+static struct attribute *vt_attrs[ARRAY_SIZE(vt_stat_attrs) + 1];
 
 static const struct attribute_group vt_attr_group = {
 	.attrs = vt_attrs,
 };
 
+static int vt_stats_show(struct seq_file *m, void *unused)
+{
+	unsigned int i;
+
+	mutex_lock(&vt_stats_lock);
+	for (i = 0; i < ARRAY_SIZE(vt_stat_attrs); i++)
+		seq_printf(m, "%s %llu\n", vt_stat_attrs[i].attr.attr.name,
+			   (unsigned long long)*vt_stat_attrs[i].val);
+	mutex_unlock(&vt_stats_lock);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(vt_stats);
+
+static struct dentry *vt_debugfs;
 static struct kobject *vt_kobj;
 
 static void vt_stats_add(struct vt_round_stats *sum, const struct vt_round_stats *r)
@@ -230,6 +249,7 @@ static void vt_round(struct vt_dev *d, struct vt_track *track, struct vt_round_s
 	meta.publish_time_ns = ktime_get_ns();
 	vt_track_end_round(track, d->h, budget, &meta, &res);
 
+	mutex_lock(&vt_stats_lock);
 	vt_stats_add(&vt_stats.total, rs);
 	vt_stats.last = *rs;
 	WRITE_ONCE(vt_stats.last_scan_us, scan_us);
@@ -243,6 +263,7 @@ static void vt_round(struct vt_dev *d, struct vt_track *track, struct vt_round_s
 	WRITE_ONCE(vt_stats.tracked_frames, track->nr_active);
 	/* last: user space polls this to know a round is complete */
 	WRITE_ONCE(vt_stats.rounds, vt_stats.rounds + 1);
+	mutex_unlock(&vt_stats_lock);
 }
 
 static int vt_thread(void *arg)
@@ -415,19 +436,26 @@ static struct pci_driver vt_driver = {
 
 static int __init vt_init(void)
 {
+	unsigned int i;
 	int err;
 
+	for (i = 0; i < ARRAY_SIZE(vt_stat_attrs); i++)
+		vt_attrs[i] = &vt_stat_attrs[i].attr.attr;
 	vt_kobj = kobject_create_and_add(VT_NAME, kernel_kobj);
 	if (!vt_kobj)
 		return -ENOMEM;
 	err = sysfs_create_group(vt_kobj, &vt_attr_group);
 	if (err)
 		goto err_kobj;
+	vt_debugfs = debugfs_create_dir(VT_NAME, NULL);
+	debugfs_create_file("stats", 0444, vt_debugfs, NULL, &vt_stats_fops);
 	err = pci_register_driver(&vt_driver);
 	if (err)
-		goto err_kobj;
+		goto err_debugfs;
 	return 0;
 
+err_debugfs:
+	debugfs_remove_recursive(vt_debugfs);
 err_kobj:
 	kobject_put(vt_kobj);
 	return err;
@@ -436,6 +464,7 @@ err_kobj:
 static void __exit vt_exit(void)
 {
 	pci_unregister_driver(&vt_driver);
+	debugfs_remove_recursive(vt_debugfs);
 	kobject_put(vt_kobj);
 }
 

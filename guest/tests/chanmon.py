@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
+"""Host side of the vtism_guest e2e test.
+
+Starts the guest (the QEMU command after "--"), follows its serial log, reads the hint channel
+file while the guest runs exactly as the host daemon would (seqlock copy, then validation per
+docs/channel.md), answers through the feedback block, and at the end checks what the guest
+published against the workload's ground truth.
+
+usage: chanmon.py --channel FILE --serial LOG --label 6.1 [--timeout S] -- qemu-system-x86_64 ...
+
+Prints one "PASS <label>/<check>: ..." or "FAIL <label>/<check>: ..." line per check and exits
+non-zero if any check failed. Standard library only.
+"""
+import argparse
+import mmap
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+MAGIC = 0x3148434D53495456
+HDR = 4096
+OVERFLOW = 1
+RES_ENTRY = ~((1 << 53) - 1) & 0xFFFFFFFFFFFFFFFF
+TYPES = {"anon": 1, "file": 2, "shmem": 3}
+
+# steady-state window of the scenario: params are fixed, rounds are fully checked
+ANALYSED_PHASES = ("steady", "noprune", "thr1", "feedback")
+FEEDBACK_BUDGET = 64
+FEEDBACK_MIN_MS = 2500
+
+
+class Reject(Exception):
+    pass
+
+
+class Channel:
+    """A reader of the channel file per docs/channel.md (copy, then validate the copy)."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDWR)
+        self.size = os.fstat(self.fd).st_size
+        self.mm = mmap.mmap(self.fd, self.size)
+
+    def u64(self, off):
+        return struct.unpack_from("<Q", self.mm, off)[0]
+
+    def snapshot(self):
+        """One consistent round or None (odd seq or torn). Returns (header bytes, entries)."""
+        s1 = self.u64(0x40)
+        if s1 & 1:
+            return None
+        hdr = bytes(self.mm[0:HDR])
+        cap = struct.unpack_from("<Q", hdr, 0x20)[0]
+        count = struct.unpack_from("<Q", hdr, 0x50)[0]
+        cap_ok = min(cap, (self.size - HDR) // 8)
+        n = min(count, cap_ok)
+        ent = bytes(self.mm[HDR:HDR + 8 * n])
+        if self.u64(0x40) != s1:
+            return None
+        return hdr, ent
+
+    def write_feedback(self, budget, min_ms, ack=0):
+        s = self.u64(0x800)
+        s = s + 1 if s % 2 == 0 else s
+        struct.pack_into("<Q", self.mm, 0x800, s)  # odd: writing
+        struct.pack_into("<QQI", self.mm, 0x808, ack, budget, min_ms)
+        struct.pack_into("<I", self.mm, 0x830, 1 << 16)
+        struct.pack_into("<Q", self.mm, 0x800, s + 1)
+
+
+def parse_header(hdr):
+    f = {}
+    (f["magic"], f["vmaj"], f["vmin"], f["header_size"], f["region_size"], f["entries_offset"],
+     f["entry_size"], f["capacity"], f["tracker"], f["page_shift"]) = struct.unpack_from(
+        "<QHHIQIIQII", hdr, 0)
+    (f["seq"], f["round"], f["count"], f["flags"], f["interval_ms"], f["scan_us"], f["res1"],
+     f["tracked_bytes"], f["hot_frames"], f["publish_ns"]) = struct.unpack_from(
+        "<QQQIIIIQQQ", hdr, 0x40)
+    return f
+
+
+def validate(f, hdr, ent, mapped, ram):
+    """docs/channel.md "Validation", in its order. Raises Reject(code, why)."""
+    if mapped < HDR or f["region_size"] > mapped:
+        raise Reject("RegionTooSmall")
+    if f["magic"] != MAGIC:
+        raise Reject("BadMagic")
+    if f["vmaj"] != 1:
+        raise Reject("UnsupportedVersion")
+    if (f["header_size"] != 4096 or f["entry_size"] != 8 or f["page_shift"] != 12
+            or f["entries_offset"] < f["header_size"] or f["entries_offset"] % 8):
+        raise Reject("BadLayout")
+    if f["entries_offset"] + f["capacity"] * 8 > f["region_size"]:
+        raise Reject("CapacityBeyondRegion")
+    if f["count"] > f["capacity"]:
+        raise Reject("CountBeyondCapacity")
+    if (any(hdr[0x30:0x40]) or f["res1"] or any(hdr[0x80:0x800])
+            or f["flags"] & ~OVERFLOW):
+        raise Reject("ReservedHeaderBits")
+    es = struct.unpack("<%dQ" % (len(ent) // 8), ent)
+    for e in es:
+        if e & RES_ENTRY:
+            raise Reject("ReservedEntryBits")
+    for e in es:
+        gfn, huge = e & ((1 << 40) - 1), (e >> 51) & 1
+        last = gfn + (511 if huge else 0)
+        if not any(lo <= gfn and last < hi for lo, hi in ram):
+            raise Reject("GfnOutOfRange %#x" % gfn)
+        if huge and gfn % 512:
+            raise Reject("MisalignedHuge %#x" % gfn)
+    return es
+
+
+def decode(e):
+    return dict(gfn=e & ((1 << 40) - 1), count=(e >> 40) & 0xFF, write=(e >> 48) & 1,
+                type=(e >> 49) & 3, huge=(e >> 51) & 1, young=(e >> 52) & 1)
+
+
+def interval_ms(scan_us, k, kb, base, cap, floor):
+    """Module's formula: T = (K*Ts + Kb)*Ts + Tbase, Ts = scan_us/1000 ms, integer division."""
+    t = ((k * scan_us * scan_us) // 1000 + kb * scan_us) // 1000 + base
+    if cap and t > cap:
+        t = cap
+    return min(max(t, floor), 0xFFFFFFFF)
+
+
+class Truth:
+    def __init__(self):
+        self.kind = {}  # gfn -> (class, type, write)
+        self.thp_heads = []
+
+    def add(self, cls, typ, write, first, n):
+        for g in range(first, first + n):
+            self.kind[g] = (cls, typ, write)
+        if cls == "thp":
+            self.thp_heads.append(first)
+
+    def hot(self):
+        return {g for g, k in self.kind.items() if k[0] in ("hot", "thp")}
+
+    def cold(self):
+        return {g for g, k in self.kind.items() if k[0] == "cold"}
+
+
+class Monitor:
+    def __init__(self, a):
+        self.a = a
+        self.ch = None
+        self.lines = []
+        self.phases = []  # (name, round)
+        self.results = []  # (name, ok, detail) from the guest
+        self.stats = {}  # phase -> {name: value}
+        self.truth = Truth()
+        self.ram = []
+        self.snaps = []  # dict(f, entries or None, t, phase_seen)
+        self.rejects = []
+        self.torn = 0
+        self.done = False
+        self.buf = b""
+        self.phase_seen = None
+        self.keep_entries = True
+        self.checks = []
+
+    def check(self, name, ok, detail):
+        self.checks.append((name, bool(ok), detail))
+
+    # ---- while the guest runs ----
+    def on_line(self, line):
+        self.lines.append(line)
+        m = re.match(r"VTPHASE (\S+) round=(\d+)", line)
+        if m:
+            name, r = m.group(1), int(m.group(2))
+            self.phases.append((name, r))
+            self.phase_seen = name
+            if name == "feedback-request":
+                self.ch.write_feedback(FEEDBACK_BUDGET, FEEDBACK_MIN_MS)
+            elif name == "feedback-end":
+                self.ch.write_feedback(0, 0)
+            elif name == "churn":
+                self.keep_entries = False  # fast rounds from here: validate, don't keep
+            return
+        m = re.match(r"VTGT (hot|cold|thp) (\w+) (\d) (\d+) (\d+)$", line)
+        if m:
+            self.truth.add(m.group(1), m.group(2), int(m.group(3)), int(m.group(4)),
+                           int(m.group(5)))
+            return
+        m = re.match(r"VTRAM ([0-9a-f]+)-([0-9a-f]+) : System RAM", line)
+        if m:
+            self.ram.append((int(m.group(1), 16) >> 12, (int(m.group(2), 16) + 1) >> 12))
+            return
+        m = re.match(r"VTRESULT (\S+) (ok|fail) ?(.*)", line)
+        if m:
+            self.results.append((m.group(1), m.group(2) == "ok", m.group(3)))
+            return
+        m = re.match(r"VTSTAT (\S+) (\S+) (\S+)", line)
+        if m:
+            self.stats.setdefault(m.group(1), {})[m.group(2)] = m.group(3)
+            return
+        if line.startswith("VTDONE"):
+            self.done = True
+
+    def poll_serial(self, f):
+        data = f.read()
+        if not data:
+            return
+        self.buf += data
+        *full, self.buf = self.buf.split(b"\n")
+        for raw in full:
+            self.on_line(raw.decode("utf-8", "replace").rstrip("\r"))
+
+    def poll_channel(self):
+        snap = self.ch.snapshot()
+        if snap is None:
+            self.torn += 1
+            return
+        hdr, ent = snap
+        f = parse_header(hdr)
+        if f["magic"] == 0 and f["round"] == 0:
+            return  # not initialised yet
+        if self.snaps and self.snaps[-1]["f"]["round"] == f["round"] and \
+                self.snaps[-1]["f"]["publish_ns"] == f["publish_ns"]:
+            return
+        if not self.ram:
+            return  # RAM map not known yet (printed before the module loads)
+        try:
+            es = validate(f, hdr, ent, self.ch.size, self.ram)
+        except Reject as e:
+            self.rejects.append((f["round"], str(e)))
+            return
+        self.snaps.append(dict(f=f, entries=es if self.keep_entries else None,
+                               t=time.monotonic(), phase_seen=self.phase_seen))
+
+    def run(self, cmd):
+        self.ch = Channel(self.a.channel)
+        open(self.a.serial, "wb").close()
+        qemu = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.a.timeout
+        timed_out = False
+        with open(self.a.serial, "rb") as f:
+            while qemu.poll() is None:
+                self.poll_serial(f)
+                self.poll_channel()
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    qemu.send_signal(signal.SIGTERM)
+                    try:
+                        qemu.wait(10)
+                    except subprocess.TimeoutExpired:
+                        qemu.kill()
+                    break
+                time.sleep(0.02)
+            self.poll_serial(f)
+        self.check("guest-finished", self.done and not timed_out,
+                   "timed out after %ds" % self.a.timeout if timed_out else
+                   "VTDONE seen, qemu exit %s" % qemu.returncode if self.done else
+                   "guest stopped before VTDONE (qemu exit %s)" % qemu.returncode)
+
+    # ---- after the guest stopped ----
+    def phase_round(self, name):
+        for n, r in self.phases:
+            if n == name:
+                return r
+        return None
+
+    def window(self, start, end):
+        a, b = self.phase_round(start), self.phase_round(end)
+        if a is None or b is None:
+            return []
+        return [s for s in self.snaps if s["entries"] is not None and a < s["f"]["round"] <= b]
+
+    def frames(self, es):
+        r = set()
+        for e in es:
+            d = decode(e)
+            if d["huge"]:
+                r.update(range(d["gfn"], d["gfn"] + 512))
+            else:
+                r.add(d["gfn"])
+        return r
+
+    def pr(self, snaps):
+        hot, cold = self.truth.hot(), self.truth.cold()
+        out = []
+        for s in snaps:
+            rep = self.frames(s["entries"])
+            tp = len(rep & hot)
+            fp = len(rep & cold)
+            prec = tp / (tp + fp) if tp + fp else 0.0
+            rec = tp / len(hot) if hot else 0.0
+            out.append((s["f"]["round"], prec, rec, fp, len(rep - hot - cold)))
+        return out
+
+    def analyse(self):
+        ch, t = self.ch, self.truth
+        guest_ok = {n: ok for n, ok, _ in self.results}
+        for n, ok, d in self.results:
+            self.check("guest:" + n, ok, d)
+        self.check("ground-truth", t.hot() and t.cold() and len(t.thp_heads) >= 1 and
+                   not any(l.startswith("VTGT thp-bad") for l in self.lines),
+                   "%d hot frames (%d THP units), %d cold frames" % (
+                       len(t.hot()), len(t.thp_heads), len(t.cold())))
+        moved = [l for l in self.lines if l.startswith("VTGT end")]
+        self.check("frames-stable", moved and "moved=0 " in moved[0] + " ",
+                   moved[0] if moved else "workload did not report its end")
+
+        # every round read is a valid v1.0 round of the module
+        params = self.stats.get("steady", {})
+        ident = [s["f"] for s in self.snaps]
+        bad_ident = [f["round"] for f in ident if not (
+            f["vmin"] == 0 and f["tracker"] == 1 and f["region_size"] == ch.size and
+            f["capacity"] == (ch.size - HDR) // 8)]
+        self.check("channel-valid", self.snaps and not self.rejects and not bad_ident,
+                   "%d rounds read, %d rejected %s, %d bad identity, %d torn/odd reads" % (
+                       len(self.snaps), len(self.rejects), self.rejects[:3], len(bad_ident),
+                       self.torn))
+
+        # rounds: +1 steps (we may miss some), restart from 1 only across a module reload
+        back, unload_a = [], self.phase_round("churn-end")
+        restarts = 0
+        for p, q in zip(self.snaps, self.snaps[1:]):
+            r0, r1 = p["f"]["round"], q["f"]["round"]
+            if r1 <= r0:
+                if p["phase_seen"] in ("churn-end", "reload") or \
+                        q["phase_seen"] in ("churn-end", "reload"):
+                    restarts += 1
+                else:
+                    back.append((r0, r1, q["phase_seen"]))
+            elif q["f"]["publish_ns"] <= p["f"]["publish_ns"]:
+                back.append((r0, r1, "time"))
+        order_bad = 0
+        ovf_bad = []
+        for s in self.snaps:
+            if s["entries"] is None:
+                continue
+            cnts = [decode(e)["count"] for e in s["entries"]]
+            if any(a < b for a, b in zip(cnts, cnts[1:])):
+                order_bad += 1
+            cover = sum(512 if decode(e)["huge"] else 1 for e in s["entries"])
+            f = s["f"]
+            if f["flags"] & OVERFLOW:
+                if f["hot_frames"] <= cover and f["count"] > 0:
+                    ovf_bad.append(f["round"])
+            elif f["hot_frames"] != cover:
+                ovf_bad.append(f["round"])
+        self.check("rounds-consistent",
+                   self.snaps and not back and not order_bad and not ovf_bad and
+                   restarts >= 1 and unload_a is not None,
+                   "%d rounds, round %d..%d, %d restarts across reloads, %d out of order %s, "
+                   "%d not hottest-first, %d hot_frames/OVERFLOW mismatches %s" % (
+                       len(self.snaps), self.snaps[0]["f"]["round"] if self.snaps else 0,
+                       max((s["f"]["round"] for s in self.snaps), default=0), restarts,
+                       len(back), back[:3], order_bad, len(ovf_bad), ovf_bad[:3]))
+
+        # adaptive interval: exact formula, with the host's floor during the feedback phase
+        try:
+            k, kb, base, cap = (int(params["param_interval_" + n])
+                                for n in ("k", "kb", "base_ms", "max_ms"))
+        except KeyError:
+            k = None
+        if k is not None:
+            a, b = self.phase_round("steady"), self.phase_round("churn")
+            fa, fb = self.phase_round("feedback-request"), self.phase_round("feedback-end")
+            fin, fout = self.phase_round("feedback"), fb
+            bad, n = [], 0
+            for s in self.snaps:
+                f = s["f"]
+                r = f["round"]
+                if a is None or b is None or not (a < r < b) or s["entries"] is None:
+                    continue  # only the first load's rounds before the churn phase
+                n += 1
+                plain = interval_ms(f["scan_us"], k, kb, base, cap, 0)
+                floored = interval_ms(f["scan_us"], k, kb, base, cap, FEEDBACK_MIN_MS)
+                if fin is not None and fin < r <= fout:
+                    want = (floored,)
+                elif fa is not None and fa <= r <= fout + 2:
+                    want = (plain, floored)  # the host's write and the guest's read race
+                else:
+                    want = (plain,)
+                if f["interval_ms"] not in want:
+                    bad.append((r, f["scan_us"], f["interval_ms"], want))
+            self.check("adaptive-interval", n > 0 and not bad,
+                       "%d rounds match T=(%d*Ts+%d)*Ts+%d (floor %d ms with feedback); "
+                       "mismatches %s" % (n, k, kb, base, FEEDBACK_MIN_MS, bad[:3]))
+        else:
+            self.check("adaptive-interval", False, "module parameters not reported")
+
+        # precision / recall of the hot set
+        steady = self.window("steady", "steady-end")
+        res = self.pr(steady)
+        if res:
+            pmin, rmin = min(x[1] for x in res), min(x[2] for x in res)
+            self.pr_steady = (pmin, rmin, len(res))
+            self.check("precision-recall", pmin >= 0.9 and rmin >= 0.9,
+                       "%d rounds: precision min %.3f, recall min %.3f (last round: P %.3f R %.3f, "
+                       "%d cold reported, %d other frames)" % (
+                           len(res), pmin, rmin, res[-1][1], res[-1][2], res[-1][3], res[-1][4]))
+        else:
+            self.check("precision-recall", False, "no rounds in the steady window")
+        nop = self.pr(self.window("noprune", "noprune-end"))
+        st = self.stats
+
+        def per_round(a, b, name):
+            try:
+                dr = int(st[b]["rounds"]) - int(st[a]["rounds"])
+                return (int(st[b][name]) - int(st[a][name])) / dr if dr > 0 else -1
+            except KeyError:
+                return -1
+        vis_p = per_round("steady-start", "steady", "ptes_visited")
+        vis_n = per_round("noprune-start", "noprune", "ptes_visited")
+        sk_p = per_round("steady-start", "steady", "pmd_skipped")
+        sk_n = per_round("noprune-start", "noprune", "pmd_skipped")
+        tab_p = per_round("steady-start", "steady", "pmd_tables")
+        self.check("prune-equivalent",
+                   nop and min(x[1] for x in nop) >= 0.9 and min(x[2] for x in nop) >= 0.9 and
+                   sk_p > 0 and sk_n == 0 and 0 < vis_p < vis_n,
+                   "full walk: P/R min %.3f/%.3f over %d rounds; per round, pruned vs full: "
+                   "PMD subtrees skipped %.1f of %.1f vs %.1f, PTEs visited %.0f vs %.0f" % (
+                       min((x[1] for x in nop), default=0), min((x[2] for x in nop), default=0),
+                       len(nop), sk_p, tab_p, sk_n, vis_p, vis_n))
+        thr1 = self.pr(self.window("thr1", "thr1-end"))
+        self.check("history-needed",
+                   thr1 and max(x[3] for x in thr1) > len(t.cold()) // 4 and
+                   min(x[1] for x in thr1) < 0.9,
+                   "with hot_threshold=1 (one round's A bits) up to %d cold frames are reported, "
+                   "precision down to %.3f" % (max((x[3] for x in thr1), default=0),
+                                               min((x[1] for x in thr1), default=1)))
+
+        # page types, writes, THP units (steady rounds)
+        tbad, wbad, seen = 0, 0, 0
+        thp_bad = []
+        for s in steady:
+            huge_heads = set()
+            for e in s["entries"]:
+                d = decode(e)
+                if d["huge"]:
+                    huge_heads.add(d["gfn"])
+                k_ = t.kind.get(d["gfn"])
+                if not k_ or k_[0] == "cold":
+                    continue
+                seen += 1
+                if d["type"] != TYPES[k_[1]]:
+                    tbad += 1
+                if d["write"] != k_[2]:
+                    wbad += 1
+                if (k_[0] == "thp") != bool(d["huge"]):
+                    thp_bad.append(d["gfn"])
+            for h in t.thp_heads:
+                if h not in huge_heads:
+                    thp_bad.append(h)
+        self.check("page-types", seen and not tbad,
+                   "%d hot entries checked (anon/file/shmem/THP), %d wrong type" % (seen, tbad))
+        self.check("write-bit", seen and not wbad,
+                   "%d hot entries checked: written anon/shmem/THP have it, read-only file "
+                   "pages not; %d wrong" % (seen, wbad))
+        self.check("thp-units", steady and t.thp_heads and not thp_bad,
+                   "%d THP units reported as 2 MiB entries in %d rounds; mismatches %s" % (
+                       len(t.thp_heads), len(steady), thp_bad[:3]))
+
+        # feedback: budget and floor
+        fbw = self.window("feedback", "feedback-end")
+        bad = []
+        hotmax = 0
+        for s in fbw:
+            f, es = s["f"], s["entries"]
+            cnts = [decode(e)["count"] for e in es]
+            hotmax = max(cnts + [hotmax])
+            if not (f["count"] == FEEDBACK_BUDGET and f["flags"] & OVERFLOW and
+                    f["hot_frames"] > FEEDBACK_BUDGET and
+                    all(c == max(cnts) for c in cnts) and f["interval_ms"] >= FEEDBACK_MIN_MS):
+                bad.append((f["round"], f["count"], f["flags"], f["interval_ms"]))
+        gaps = [(q["f"]["publish_ns"] - p["f"]["publish_ns"]) / 1e6
+                for p, q in zip(fbw, fbw[1:]) if q["f"]["round"] == p["f"]["round"] + 1]
+        after = [s for s in self.snaps if s["entries"] is not None and
+                 self.phase_round("feedback-end") is not None and
+                 s["f"]["round"] > self.phase_round("feedback-end") + 2]
+        self.check("feedback-budget", fbw and not bad and after and
+                   after[0]["f"]["count"] > FEEDBACK_BUDGET,
+                   "%d rounds with entry_budget=%d: count=%d, OVERFLOW, all of the hottest "
+                   "count; bad %s; after reset count=%s" % (
+                       len(fbw), FEEDBACK_BUDGET, FEEDBACK_BUDGET, bad[:3],
+                       after[0]["f"]["count"] if after else None))
+        self.check("feedback-min-interval", gaps and min(gaps) >= FEEDBACK_MIN_MS,
+                   "consecutive rounds %s ms apart with min_interval_ms=%d" % (
+                       [round(g) for g in gaps], FEEDBACK_MIN_MS))
+
+    def report(self):
+        failed = 0
+        for name, ok, detail in self.checks:
+            print("%s %s/%s: %s" % ("PASS" if ok else "FAIL", self.a.label, name, detail))
+            failed += not ok
+        return failed
+
+
+def main():
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        sys.exit(__doc__)
+    i = argv.index("--")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--channel", required=True)
+    ap.add_argument("--serial", required=True)
+    ap.add_argument("--label", default="guest")
+    ap.add_argument("--timeout", type=int, default=600)
+    a = ap.parse_args(argv[:i])
+    m = Monitor(a)
+    m.run(argv[i + 1:])
+    m.analyse()
+    sys.exit(1 if m.report() else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# /init of the vtism e2e test guest (busybox initramfs built by mkinitramfs.sh).
+#
+# Drives the scenario and prints machine-readable lines on the serial console, which the host
+# side (chanmon.py) follows while it reads the channel file:
+#   VTPHASE <name> round=<r>    a phase boundary; r = rounds the module has published
+#   VTGT ...                    the workload's ground truth (see workload.c)
+#   VTSTAT <phase> <name> <v>   the module's sysfs statistics
+#   VTRESULT <name> ok|fail <detail>   a check done inside the guest
+#   VTDMESG <line>              kernel log lines of interest
+#   VTDONE                      end of scenario (the guest powers off next)
+# The host answers through the channel's feedback block; the guest sees its effect in sysfs.
+
+export PATH=/bin:/sbin
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /mnt/ramfs /tmp
+mount -t ramfs ramfs /mnt/ramfs
+mount -t tmpfs tmp /tmp
+mount -t debugfs debugfs /sys/kernel/debug
+# Kernel messages go to dmesg, not into our protocol lines.
+echo 1 >/proc/sys/kernel/printk
+# Frames of the ground truth must not move: no compaction of mlocked pages.
+echo 0 >/proc/sys/vm/compaction_proactiveness 2>/dev/null
+echo 0 >/proc/sys/vm/compact_unevictable_allowed
+
+S=/sys/kernel/vtism_guest
+P=/sys/module/vtism_guest/parameters
+MODPARAMS=$(sed -n 's/.*vtism.params=\([^ ]*\).*/\1/p' /proc/cmdline | tr , ' ')
+
+say() { echo "$*"; }
+result() { say "VTRESULT $1 $2 $3"; }
+rounds() { cat $S/rounds 2>/dev/null || echo 0; }
+phase() { say "VTPHASE $1 round=$(rounds)"; }
+# one consistent snapshot of all counters (debugfs), and the parameters
+stats() {
+	sed "s/^/VTSTAT $1 /" /sys/kernel/debug/vtism_guest/stats
+	for f in $P/*; do say "VTSTAT $1 param_${f##*/} $(cat "$f")"; done
+}
+# wait_rounds N [timeout_s]: until the module has published N more rounds
+wait_rounds() {
+	target=$(($(rounds) + $1)); t=0
+	while [ "$(rounds)" -lt $target ]; do
+		sleep 0.2; t=$((t + 1))
+		[ $t -lt $((${2:-60} * 5)) ] || { say "VTLOG wait_rounds $1 timed out"; return 1; }
+	done
+}
+# wait_stat NAME VALUE [timeout_s]
+wait_stat() {
+	t=0
+	while [ "$(cat $S/$1 2>/dev/null)" != "$2" ]; do
+		sleep 0.2; t=$((t + 1))
+		[ $t -lt $((${3:-60} * 5)) ] || return 1
+	done
+}
+rand_ms() { echo $(($(od -An -N2 -tu2 /dev/urandom) % $1)); }
+msleep() { usleep $(($1 * 1000)); }
+
+# Fast scanning for the lifetime tests: T = 0, the scanner is (almost) always mid-scan.
+FAST="interval_k=0 interval_kb=0 interval_base_ms=0"
+fast() { for kv in $FAST; do echo "${kv#*=}" >"$P/${kv%%=*}"; done; }
+
+say "VTBOOT $(uname -r) params=$MODPARAMS"
+grep 'System RAM' /proc/iomem | sed 's/^ */VTRAM /'
+
+# ---- load ----
+if insmod /vtism_guest.ko $MODPARAMS && wait_rounds 1 30; then
+	result load ok "$(ls /sys/bus/pci/drivers/vtism_guest | grep :)"
+else
+	result load fail "insmod or first round failed"
+	dmesg | sed 's/^/VTDMESG /'
+	say VTDONE
+	poweroff -f
+fi
+
+# ---- workload with a known hot and cold set ----
+/bin/vtism-workload run --hot-anon 1024 --hot-file 256 --hot-shmem 256 --thp 2 \
+	--cold-anon 4096 --cold-period 5 >/tmp/wl.log 2>&1 &
+WL=$!
+t=0
+until grep -q '^VTGT ready' /tmp/wl.log; do
+	sleep 0.2; t=$((t + 1))
+	if [ $t -gt 300 ] || ! kill -0 $WL 2>/dev/null; then break; fi
+done
+cat /tmp/wl.log
+grep -q '^VTGT ready' /tmp/wl.log && result workload ok "pid $WL" || result workload fail "no ground truth"
+
+# History must fill the window (8 rounds) before the hot set is separable.
+wait_rounds 10
+phase steady
+stats steady-start
+wait_rounds 6
+phase steady-end
+stats steady
+
+# ---- the same with the full walk: pruning must not lose hot frames ----
+echo 0 >$P/prune
+wait_rounds 1
+phase noprune
+stats noprune-start
+wait_rounds 5
+phase noprune-end
+stats noprune
+echo 1 >$P/prune
+
+# ---- control: threshold 1 publishes anything young in the window, cold frames included ----
+echo 1 >$P/hot_threshold
+wait_rounds 1
+phase thr1
+wait_rounds 6
+phase thr1-end
+echo 3 >$P/hot_threshold
+wait_rounds 1
+
+# ---- host feedback: the host sets entry_budget and min_interval_ms on this marker ----
+phase feedback-request
+if wait_stat feedback_entry_budget 64 60; then
+	phase feedback
+	wait_rounds 4 60
+	phase feedback-end
+	wait_stat feedback_entry_budget 0 60 && result feedback-seen ok "budget 64 then 0" ||
+		result feedback-seen fail "host did not clear its feedback"
+else
+	result feedback-seen fail "no entry_budget from the host"
+fi
+wait_rounds 3
+stats feedback
+
+# ---- processes exiting while being scanned ----
+/bin/vtism-workload churn --size 64 --max-ms 300 --procs 3 >/tmp/churn.log 2>&1 &
+CH=$!
+phase churn
+fast
+before=$(cat $S/mm_released)
+n=0
+while [ $n -lt 40 ]; do
+	wait_rounds 1 || break
+	n=$((n + 1))
+	[ "$(cat $S/mm_released)" -gt "$before" ] && [ $n -ge 5 ] && break
+done
+phase churn-end
+after=$(cat $S/mm_released)
+stats churn
+if [ "$after" -gt "$before" ]; then
+	result exit-mid-scan ok "$((after - before)) address spaces released by the scanner in $n rounds"
+else
+	result exit-mid-scan fail "no process exited while scanned in $n rounds"
+fi
+
+# ---- unload and reload at random moments (churn still running) ----
+fails=0; i=0; mid=0
+while [ $i -lt 40 ]; do
+	i=$((i + 1))
+	msleep $(rand_ms 1200)
+	rmmod vtism_guest || fails=$((fails + 1))
+	insmod /vtism_guest.ko $MODPARAMS $FAST || fails=$((fails + 1))
+	mid=$(dmesg | grep -c 'stopped in the middle of a scan')
+	[ $i -ge 20 ] && [ "$mid" -ge 3 ] && break
+done
+msleep $(rand_ms 300)
+if [ $fails -eq 0 ] && [ "$mid" -ge 1 ]; then
+	result unload ok "$i reloads, $mid stopped mid-scan"
+else
+	result unload fail "$i reloads, $fails rmmod/insmod failures, $mid stopped mid-scan"
+fi
+kill $CH
+wait $CH
+cat /tmp/churn.log
+wait_rounds 3 60 && result reload ok "publishing after reload" || result reload fail "no rounds after reload"
+phase reload
+
+# ---- the workload's frames must not have moved; then SIGKILL big processes mid-scan ----
+kill $WL
+wait $WL
+tail -n 1 /tmp/wl.log
+i=0; hit=0; ok=1
+while [ $i -lt 5 ]; do
+	i=$((i + 1))
+	/bin/vtism-workload run --hot-anon 8192 --cold-anon 8192 --thp 2 >/dev/null 2>&1 &
+	KP=$!
+	wait_rounds 2
+	before=$(cat $S/mm_released)
+	msleep $(rand_ms 300)
+	kill -9 $KP
+	wait $KP 2>/dev/null
+	wait_rounds 2 60 || { ok=0; break; }
+	[ "$(cat $S/mm_released)" -gt "$before" ] && hit=$((hit + 1))
+done
+# mm_released counts any process (busybox helpers too) that died while scanned: a hint only.
+if [ $ok = 1 ]; then
+	result kill-mid-scan ok "$i SIGKILLs, rounds go on; $hit with an mm released by the scanner"
+else
+	result kill-mid-scan fail "no rounds after SIGKILL $i"
+fi
+phase exit
+stats final
+
+# ---- unload, kernel log ----
+rmmod vtism_guest && result final-unload ok "" || result final-unload fail "rmmod failed"
+bad=$(dmesg | grep -E -c 'BUG:|WARNING:|Oops|general protection|Call Trace|bad p[mu4g]d|Bad page|list_del corruption|soft lockup|hung_task|RCU stall|rcu_sched self-detected')
+dmesg | grep -E 'vtism|BUG:|WARNING:|Oops|general protection|Call Trace|RIP:|bad p[mu4g]d|Bad page|corruption|lockup|stall' |
+	grep -v -e 'stopped in the middle' -e 'channel of' | tail -n 60 | sed 's/^/VTDMESG /'
+[ "$bad" -eq 0 ] && result dmesg-clean ok "" || result dmesg-clean fail "$bad suspicious kernel log lines"
+say VTDONE
+sync
+poweroff -f

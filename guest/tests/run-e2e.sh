@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0
+#
+# End-to-end test of vtism_guest.ko in TCG guests running Debian's 6.1 and 6.12 kernels.
+#
+# For each kernel: build the module against its headers, build an initramfs (busybox, the
+# module, a static workload with a known hot/cold set), boot it under QEMU with an
+# ivshmem-plain device backed by a file in /dev/shm, and let chanmon.py read that file as the
+# host would while the guest runs its scenario (guest-init.sh). Prints PASS/FAIL per check and
+# "N passed, M failed"; exits non-zero if anything failed.
+#
+# usage: guest/tests/run-e2e.sh [6.1] [6.12]     (default: both)
+# env:   VTISM_E2E_OUT   work dir (default <repo>/build/e2e)
+#        VTISM_E2E_TIMEOUT  per-guest timeout in seconds (default 600)
+set -uo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+tests=$repo/guest/tests
+out=${VTISM_E2E_OUT:-$repo/build/e2e}
+timeout=${VTISM_E2E_TIMEOUT:-600}
+series=("$@")
+[ ${#series[@]} -gt 0 ] || series=(6.1 6.12)
+# module parameters of the scenario: a short Tbase so a run takes minutes
+params=interval_k=1,interval_kb=10,interval_base_ms=400,history_rounds=8,hot_threshold=3
+
+passed=0
+failed=0
+summary() {
+	echo "$passed passed, $failed failed"
+}
+setup_fail() {
+	echo "FAIL $1: $2"
+	failed=$((failed + 1))
+}
+
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[ -x /bin/busybox ] && ! file -L /bin/busybox 2>/dev/null | grep -q dynamic || need+=(busybox-static)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+[ -f /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+command -v file >/dev/null || need+=(file)
+if [ ${#need[@]} -gt 0 ]; then
+	echo "e2e: installing ${need[*]}"
+	if ! { apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 ||
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; }; }; then
+		setup_fail setup "cannot install ${need[*]}"
+		summary
+		exit 1
+	fi
+fi
+
+mkdir -p "$out"
+t0=$(date +%s)
+if ! "$repo"/scripts/guest-kernels.sh "${series[@]}" >"$out/kernels.env"; then
+	setup_fail setup "scripts/guest-kernels.sh failed"
+	summary
+	exit 1
+fi
+if ! gcc -static -O2 -Wall -Wextra -Werror -o "$out/vtism-workload" "$tests/workload.c"; then
+	setup_fail setup "workload does not build"
+	summary
+	exit 1
+fi
+
+for s in "${series[@]}"; do
+	d=$out/$s
+	mkdir -p "$d"
+	# shellcheck disable=SC1090
+	. "$repo/build/guest-kernels/$s/env"
+	if ! make -s -C "$repo/guest/module" all-kernels SERIES="$s" >"$d/build.log" 2>&1 ||
+		grep -q 'warning:' "$d/build.log"; then
+		cat "$d/build.log"
+		setup_fail "$s/build" "module does not build cleanly against $KDIR"
+		continue
+	fi
+	echo "PASS $s/build: vtism_guest.ko built warning-free (W=1) against $KVER"
+	passed=$((passed + 1))
+	if ! python3 "$tests/mkinitramfs.py" --init "$tests/guest-init.sh" \
+		--module "$repo/build/module/$s/vtism_guest.ko" --workload "$out/vtism-workload" \
+		-o "$d/initramfs.cpio.gz"; then
+		setup_fail "$s/initramfs" "mkinitramfs.py failed"
+		continue
+	fi
+	chan=/dev/shm/vtism-e2e-$s-$$.chan
+	rm -f "$chan"
+	truncate -s 16M "$chan"
+	echo "e2e: booting $KVER (TCG), serial log $d/serial.log"
+	ts=$(date +%s)
+	python3 "$tests/chanmon.py" --channel "$chan" --serial "$d/serial.log" --label "$s" \
+		--timeout "$timeout" -- \
+		nice -n 5 qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1G \
+		-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
+		-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
+		-append "console=ttyS0 quiet panic=-1 vtism.params=$params" \
+		-object "memory-backend-file,id=hmem,share=on,mem-path=$chan,size=16M" \
+		-device ivshmem-plain,memdev=hmem >"$d/checks.txt" 2>"$d/chanmon.err"
+	rc=$?
+	rm -f "$chan"
+	cat "$d/checks.txt"
+	p=$(grep -c '^PASS ' "$d/checks.txt")
+	f=$(grep -c '^FAIL ' "$d/checks.txt")
+	passed=$((passed + p))
+	failed=$((failed + f))
+	if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
+		cat "$d/chanmon.err"
+		setup_fail "$s/monitor" "chanmon.py exited $rc"
+	fi
+	echo "e2e: $s took $(($(date +%s) - ts)) s"
+done
+
+echo "e2e: total $(($(date +%s) - t0)) s"
+summary
+[ $failed -eq 0 ] && [ $passed -gt 0 ]

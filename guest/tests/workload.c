@@ -1,0 +1,386 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vtism e2e workload: a process with a known hot set and a known cold set, run inside the
+ * test guest (static binary, busybox initramfs).
+ *
+ *   vtism-workload run [opts]   hot/cold sets; prints the ground truth (guest frame numbers
+ *                               from /proc/self/pagemap) on stdout as "VTGT ..." lines
+ *   vtism-workload churn [opts] keeps forking short-lived children that map, touch and exit,
+ *                               so address spaces die while the module scans them
+ *
+ * The hot set is touched continuously. The cold set is touched once every --cold-period
+ * rounds of the module (read from sysfs), so in any single round some cold frames are young
+ * and only the per-frame history over several rounds can tell them from the hot ones.
+ *
+ * Ground-truth lines: "VTGT <class> <type> <write> <first-gfn> <frames>", class hot|cold,
+ * type anon|file|shmem, write 0|1 (is the mapping ever written), and for THPs
+ * "VTGT thp anon 1 <head-gfn> 512". Then "VTGT ready".
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAGE 4096UL
+#define HUGE (2UL << 20)
+#define KPF_THP 22
+
+enum type { T_ANON, T_FILE, T_SHMEM };
+static const char *type_name[] = { "anon", "file", "shmem" };
+
+struct region {
+	const char *class;
+	enum type type;
+	int write;	/* the workload writes it (else only reads) */
+	int thp;
+	unsigned char *p;
+	size_t pages;
+	uint64_t *gfn;	/* frame of each page at setup */
+};
+
+static int pagemap_fd = -1;
+static volatile sig_atomic_t stop;
+
+static void die(const char *what)
+{
+	fprintf(stderr, "vtism-workload: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static uint64_t gfn_of(const void *addr)
+{
+	uint64_t e;
+	off_t off = (off_t)((uintptr_t)addr / PAGE) * 8;
+
+	if (pread(pagemap_fd, &e, 8, off) != 8)
+		die("pagemap");
+	if (!(e & (1ULL << 63)))
+		return 0;
+	return e & ((1ULL << 55) - 1);
+}
+
+static void *map_aligned(size_t len, size_t align)
+{
+	unsigned char *p = mmap(NULL, len + align, PROT_READ | PROT_WRITE,
+				MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uintptr_t a;
+
+	if (p == MAP_FAILED)
+		die("mmap");
+	a = ((uintptr_t)p + align - 1) & ~(align - 1);
+	if (a > (uintptr_t)p)
+		munmap(p, a - (uintptr_t)p);
+	munmap((void *)(a + len), (uintptr_t)p + len + align - (a + len));
+	return (void *)a;
+}
+
+static void setup_anon(struct region *r, int thp)
+{
+	size_t len = r->pages * PAGE;
+
+	r->p = map_aligned(len, thp ? HUGE : PAGE);
+	/* THP is "always" in Debian's kernels: keep the 4 KiB sets 4 KiB, the THP set huge */
+	if (madvise(r->p, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE))
+		die("madvise");
+	memset(r->p, 0x5a, len);
+}
+
+static void setup_file(struct region *r, const char *dir)
+{
+	char path[256];
+	size_t len = r->pages * PAGE, done = 0;
+	unsigned char buf[PAGE];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/vtism-workload.%d", dir, getpid());
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	if (fd < 0)
+		die(path);
+	memset(buf, 0xa5, sizeof(buf));
+	/* filled with write(2), mapped read-only: page cache pages whose PTEs are never dirty */
+	while (done < len) {
+		if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf))
+			die("write");
+		done += sizeof(buf);
+	}
+	r->p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+	if (r->p == MAP_FAILED)
+		die("mmap file");
+	unlink(path);
+	close(fd);
+	madvise(r->p, len, MADV_NOHUGEPAGE);
+}
+
+static void setup_shmem(struct region *r)
+{
+	size_t len = r->pages * PAGE;
+	int fd = memfd_create("vtism-workload", 0);
+
+	if (fd < 0 || ftruncate(fd, (off_t)len))
+		die("memfd");
+	r->p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (r->p == MAP_FAILED)
+		die("mmap shmem");
+	close(fd);
+	madvise(r->p, len, MADV_NOHUGEPAGE);
+	memset(r->p, 0x3c, len);
+}
+
+static unsigned int sum;
+
+static void touch(struct region *r)
+{
+	size_t i;
+
+	for (i = 0; i < r->pages; i++) {
+		if (r->write)
+			r->p[i * PAGE + 64]++;
+		else
+			sum += r->p[i * PAGE + 64];
+	}
+}
+
+static void record(struct region *r)
+{
+	size_t i;
+
+	r->gfn = calloc(r->pages, sizeof(*r->gfn));
+	if (!r->gfn)
+		die("calloc");
+	for (i = 0; i < r->pages; i++) {
+		r->gfn[i] = gfn_of(r->p + i * PAGE);
+		if (!r->gfn[i]) {
+			fprintf(stderr, "vtism-workload: %s page %zu not present\n", r->class, i);
+			exit(1);
+		}
+	}
+}
+
+/* Print runs of consecutive frames, in either direction, as first-gfn + count. */
+static void print_truth(struct region *r)
+{
+	size_t i = 0;
+
+	if (r->thp) {
+		for (i = 0; i < r->pages; i += 512)
+			printf("VTGT thp anon 1 %llu 512\n", (unsigned long long)r->gfn[i]);
+		return;
+	}
+	while (i < r->pages) {
+		size_t n = 1;
+
+		while (i + n < r->pages && r->gfn[i + n] == r->gfn[i] + n)
+			n++;
+		printf("VTGT %s %s %d %llu %zu\n", r->class, type_name[r->type], r->write,
+		       (unsigned long long)r->gfn[i], n);
+		i += n;
+	}
+}
+
+/* The THP set is only useful if it really is PMD-mapped huge pages. */
+static int check_thp(struct region *r)
+{
+	int fd = open("/proc/kpageflags", O_RDONLY);
+	size_t i, j;
+	int bad = 0;
+
+	if (fd < 0)
+		die("kpageflags");
+	for (i = 0; i < r->pages; i += 512) {
+		uint64_t f = 0;
+
+		if (pread(fd, &f, 8, (off_t)r->gfn[i] * 8) != 8)
+			die("kpageflags read");
+		if (!(f & (1ULL << KPF_THP)) || r->gfn[i] % 512)
+			bad++;
+		for (j = 1; j < 512; j++)
+			if (r->gfn[i + j] != r->gfn[i] + j)
+				bad++;
+	}
+	close(fd);
+	return bad;
+}
+
+/* Frames must not move under the checker: count the pages whose frame changed. */
+static size_t moved(struct region *r)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < r->pages; i++)
+		if (gfn_of(r->p + i * PAGE) != r->gfn[i])
+			n++;
+	return n;
+}
+
+static long read_rounds(int fd)
+{
+	char buf[32];
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	return strtol(buf, NULL, 10);
+}
+
+static void on_term(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static size_t opt(int argc, char **argv, const char *name, size_t def)
+{
+	int i;
+
+	for (i = 2; i + 1 < argc; i++)
+		if (!strcmp(argv[i], name))
+			return strtoul(argv[i + 1], NULL, 0);
+	return def;
+}
+
+static const char *sopt(int argc, char **argv, const char *name, const char *def)
+{
+	int i;
+
+	for (i = 2; i + 1 < argc; i++)
+		if (!strcmp(argv[i], name))
+			return argv[i + 1];
+	return def;
+}
+
+static int run(int argc, char **argv)
+{
+	struct region r[] = {
+		{ "hot", T_ANON, 1, 0, NULL, opt(argc, argv, "--hot-anon", 1024), NULL },
+		{ "hot", T_FILE, 0, 0, NULL, opt(argc, argv, "--hot-file", 256), NULL },
+		{ "hot", T_SHMEM, 1, 0, NULL, opt(argc, argv, "--hot-shmem", 256), NULL },
+		{ "thp", T_ANON, 1, 1, NULL, 512 * opt(argc, argv, "--thp", 2), NULL },
+		{ "cold", T_ANON, 1, 0, NULL, opt(argc, argv, "--cold-anon", 4096), NULL },
+	};
+	const size_t nr = sizeof(r) / sizeof(r[0]), cold = nr - 1;
+	long period = (long)opt(argc, argv, "--cold-period", 5);
+	const char *rounds_path = sopt(argc, argv, "--rounds-file",
+				       "/sys/kernel/vtism_guest/rounds");
+	long last_cold = -1, cold_touches = 0;
+	struct timespec nap = { 0, 20 * 1000 * 1000 };
+	size_t i, m = 0;
+	int rfd, bad;
+
+	signal(SIGTERM, on_term);
+	signal(SIGINT, on_term);
+	pagemap_fd = open("/proc/self/pagemap", O_RDONLY);
+	if (pagemap_fd < 0)
+		die("pagemap");
+
+	setup_anon(&r[0], 0);
+	setup_file(&r[1], sopt(argc, argv, "--file-dir", "/mnt/ramfs"));
+	setup_shmem(&r[2]);
+	setup_anon(&r[3], 1);
+	setup_anon(&r[4], 0);
+	for (i = 0; i < nr; i++) {
+		touch(&r[i]);	/* fault everything in */
+		if (mlock(r[i].p, r[i].pages * PAGE))
+			die("mlock");	/* with compact_unevictable_allowed=0: frames stay put */
+		record(&r[i]);
+	}
+	bad = check_thp(&r[3]);
+	if (bad)
+		printf("VTGT thp-bad %d\n", bad);
+	for (i = 0; i < nr; i++)
+		print_truth(&r[i]);
+	printf("VTGT ready\n");
+	fflush(stdout);
+
+	rfd = open(rounds_path, O_RDONLY);
+	while (!stop) {
+		long rounds;
+
+		for (i = 0; i < cold; i++)
+			touch(&r[i]);
+		rounds = read_rounds(rfd);
+		if (rounds < 0) {	/* module reloading: reopen */
+			if (rfd >= 0)
+				close(rfd);
+			rfd = open(rounds_path, O_RDONLY);
+		} else if (rounds < last_cold || rounds - last_cold >= period) {
+			touch(&r[cold]);
+			last_cold = rounds;
+			cold_touches++;
+		}
+		nanosleep(&nap, NULL);
+	}
+	for (i = 0; i < nr; i++)
+		m += moved(&r[i]);
+	printf("VTGT end moved=%zu cold_touches=%ld\n", m, cold_touches);
+	fflush(stdout);
+	return sum == 0xdeadbeef;
+}
+
+/* Children that map, touch and exit at random moments, forever. */
+static int churn(int argc, char **argv)
+{
+	size_t mib = opt(argc, argv, "--size", 16), len = mib << 20;
+	unsigned int max_ms = (unsigned int)opt(argc, argv, "--max-ms", 700);
+	unsigned int procs = (unsigned int)opt(argc, argv, "--procs", 3), live = 0;
+	unsigned long started = 0;
+
+	signal(SIGTERM, on_term);
+	srand((unsigned int)getpid());
+	while (!stop) {
+		while (live < procs && !stop) {
+			unsigned int ms = (unsigned int)rand() % (max_ms + 1);
+			pid_t pid = fork();
+
+			if (pid < 0)
+				die("fork");
+			if (pid == 0) {
+				struct timespec t0, t;
+				unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+							MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+				size_t i;
+
+				if (p == MAP_FAILED)
+					_exit(1);
+				clock_gettime(CLOCK_MONOTONIC, &t0);
+				do {
+					for (i = 0; i < len; i += PAGE)
+						p[i]++;
+					clock_gettime(CLOCK_MONOTONIC, &t);
+				} while ((t.tv_sec - t0.tv_sec) * 1000 +
+					 (t.tv_nsec - t0.tv_nsec) / 1000000 < ms);
+				_exit(0);
+			}
+			live++;
+			started++;
+		}
+		if (wait(NULL) > 0)
+			live--;
+	}
+	while (live && wait(NULL) > 0)
+		live--;
+	printf("VTGT churn started=%lu\n", started);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 2 && !strcmp(argv[1], "run"))
+		return run(argc, argv);
+	if (argc >= 2 && !strcmp(argv[1], "churn"))
+		return churn(argc, argv);
+	fprintf(stderr, "usage: %s run|churn [--opt value ...]\n", argv[0]);
+	return 2;
+}
