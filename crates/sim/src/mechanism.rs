@@ -502,8 +502,10 @@ impl Tracker for PmlScanner {
     }
 }
 
-/// The oracle's feed: every second, the accesses each unit will get in the next `horizon_s`
-/// seconds at the current access rate, read from the workload's future profiles. Costs nothing.
+/// The oracle's feed: every second, the accesses each unit will get at the current rate, read from
+/// the workload's future profiles, sent as two observations at the same time: first over the next
+/// `every_s` (until the oracle's next decision), then over the next `horizon_s` (what a move has to
+/// pay for itself over). Costs nothing.
 pub struct OracleFeed {
     pub horizon_s: f64,
     pub every_s: f64,
@@ -542,11 +544,11 @@ impl Tracker for OracleFeed {
         let mut w = vec![0.0f64; n];
         // Step through the horizon at epoch resolution, one profile per phase.
         let steps = (self.horizon_s / v.dt()).round().max(1.0) as usize;
-        let mut t = v.t1;
-        let first = v.wl.phase(t);
+        let near = (self.every_s / v.dt()).round().max(1.0) as usize;
+        let first = v.wl.phase(v.t1);
         self.cache.retain(|&k, _| k >= first);
-        for _ in 0..steps {
-            let ph = v.wl.phase(t);
+        for k in 0..steps {
+            let ph = v.wl.phase(v.t1 + k as f64 * v.dt());
             let p = self
                 .cache
                 .entry(ph)
@@ -556,10 +558,25 @@ impl Tracker for OracleFeed {
                 r[u] += p.read[u] as f64 * acc;
                 w[u] += p.write[u] as f64 * acc;
             }
-            t += v.dt();
+            if k + 1 == near || (k + 1 == steps && near > steps) {
+                self.send(v, policy, &r, &w)?;
+            }
         }
+        self.send(v, policy, &r, &w)?;
+        Ok(TrackCost::default())
+    }
+}
+
+impl OracleFeed {
+    fn send(
+        &mut self,
+        v: &EpochView<'_>,
+        policy: &mut dyn Policy,
+        r: &[f64],
+        w: &[f64],
+    ) -> anyhow::Result<()> {
         self.buf.clear();
-        for u in 0..n {
+        for u in 0..r.len() {
             self.buf.push(FrameAccess {
                 gfn: v.gfn(u),
                 reads: r[u].min(u32::MAX as f64) as u32,
@@ -568,7 +585,7 @@ impl Tracker for OracleFeed {
             });
         }
         policy.observe(v.vm, Observation::Accesses(&self.buf), nanos(v.t1))?;
-        Ok(TrackCost::default())
+        Ok(())
     }
 }
 

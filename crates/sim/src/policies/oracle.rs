@@ -1,7 +1,7 @@
-//! The oracle: told every second how many reads and writes each unit will get over the next
-//! 10 s (`OracleFeed`), it keeps the units with the most to gain in fast memory, and moves a unit
-//! only when the access time it saves over that horizon exceeds what the move costs the VM (the
-//! same stall model the simulator charges). It pays no tracking cost. It sees future accesses at
+//! The oracle: told every second how many reads and writes each unit will get until its next
+//! decision (1 s) and over the next 10 s (`OracleFeed`), it keeps the units with the most to gain
+//! in the coming second in fast memory, and swaps a unit in only when what it saves over the 10 s
+//! horizon exceeds what the two moves cost the VM (the same stall model the simulator charges). It pays no tracking cost. It sees future accesses at
 //! the current rate and idle latencies, so it ignores bandwidth loading (a Colloid-style policy that
 //! leaves hot data on a less loaded slow tier could beat it when the fast tier saturates).
 
@@ -14,8 +14,12 @@ use vtism_engine::{
 };
 
 struct VmOracle {
-    /// Thread-ns saved over the horizon by having the unit in fast memory.
+    /// Thread-ns saved by having the unit in fast memory until the next decision, and over the
+    /// horizon.
+    near: Vec<f64>,
     gain: Vec<f64>,
+    /// The next observation is the horizon one.
+    got_near: bool,
     fresh: bool,
     concurrency: f64,
     vcpus: f64,
@@ -54,7 +58,9 @@ impl Oracle {
             .copied()
             .unwrap_or((8.0, 8.0));
         self.st.push(VmOracle {
+            near: vec![0.0; n],
             gain: vec![0.0; n],
+            got_near: false,
             fresh: false,
             concurrency: c,
             vcpus: v,
@@ -92,9 +98,15 @@ impl Policy for Oracle {
                 continue;
             };
             st.applied += 1;
-            s.gain[u] = a.reads as f64 * dr + a.writes as f64 * dw;
+            let g = a.reads as f64 * dr + a.writes as f64 * dw;
+            if s.got_near {
+                s.gain[u] = g;
+            } else {
+                s.near[u] = g;
+            }
         }
-        s.fresh = true;
+        s.fresh = s.got_near;
+        s.got_near = !s.got_near;
         Ok(st)
     }
 
@@ -116,7 +128,12 @@ impl Policy for Oracle {
                 (s.vcpus * m.unmap_secs(unit) + (rate * copy).min(s.concurrency) * copy / 2.0) * 1e9
             };
             let mut order: Vec<usize> = (0..b.units).collect();
-            order.sort_by(|&x, &y| s.gain[y].total_cmp(&s.gain[x]).then(x.cmp(&y)));
+            order.sort_by(|&x, &y| {
+                s.near[y]
+                    .total_cmp(&s.near[x])
+                    .then(s.gain[y].total_cmp(&s.gain[x]))
+                    .then(x.cmp(&y))
+            });
             let want = b.quota_units.min(b.units);
             let mut cold: Vec<usize> = order
                 .iter()
@@ -146,14 +163,15 @@ impl Policy for Oracle {
                 }
                 let Some(&v) = cold.get(ci) else { break };
                 let gv = s.gain[v];
-                if g - gv > cost(g) + cost(gv) && budget >= 2.0 * secs {
+                if s.near[u] <= s.near[v] || budget < 2.0 * secs {
+                    break; // later candidates gain even less in the coming second
+                }
+                if g - gv > cost(g) + cost(gv) {
                     budget -= 2.0 * secs;
                     ci += 1;
                     plan.moves.push(b.mv(v, MoveKind::Demote, Phase::Demote));
                     plan.moves
                         .push(b.mv(u, MoveKind::Promote, Phase::PromoteAfterDemote));
-                } else {
-                    break;
                 }
             }
             cold.clear();
