@@ -178,8 +178,8 @@ pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
 /// The VMs of the run: a named scenario (or a trace), repeated `--vms` times.
 pub fn workloads(c: &Common, cfg: &SimConfig, name: &str) -> anyhow::Result<Vec<VmWorkload>> {
     let mut base = if let Some(t) = &c.trace {
-        let f = std::fs::File::open(t)
-            .map_err(|e| anyhow::anyhow!("--trace {}: {e}", t.display()))?;
+        let f =
+            std::fs::File::open(t).map_err(|e| anyhow::anyhow!("--trace {}: {e}", t.display()))?;
         let tr = TraceWorkload::read(std::io::BufReader::new(f))
             .map_err(|e| anyhow::anyhow!("--trace {}: {e}", t.display()))?;
         vec![VmWorkload {
@@ -273,9 +273,19 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
     let reference = run_one(&cfg, &wls, "all-fast", None, None)?;
     let r = run_one(&cfg, &wls, &a.policy, Some(&pb), a.record_trace.as_deref())?;
     pb.finish_and_clear();
-    let rows = vec![report::row(&reference, &reference), report::row(&r, &reference)];
+    let rows = vec![
+        report::row(&reference, &reference),
+        report::row(&r, &reference),
+    ];
     let title = workload_title(&a.common);
-    emit(&a.common, &cfg, &title, &rows, &[reference.clone(), r], &reference)
+    emit(
+        &a.common,
+        &cfg,
+        &title,
+        &rows,
+        &[reference.clone(), r],
+        &reference,
+    )
 }
 
 fn workload_title(c: &Common) -> String {

@@ -124,11 +124,11 @@ impl Tracker for GuestScanner {
         let fpu = v.fpu();
         let mut touched_frames = 0.0;
         let mut writes_seen = vec![false; self.acc.len()];
-        for i in 0..self.acc.len() {
+        for (i, ws) in writes_seen.iter_mut().enumerate() {
             let a = touched(self.acc[i] as f64, fpu);
             touched_frames += a * fpu as f64;
             self.hist[i][self.head] = (a * 255.0).round() as u8;
-            writes_seen[i] = touched(self.wacc[i] as f64, fpu) >= 0.5;
+            *ws = touched(self.wacc[i] as f64, fpu) >= 0.5;
             self.acc[i] = 0.0;
             self.wacc[i] = 0.0;
         }

@@ -211,10 +211,10 @@ impl MemoryModel {
                 }
             }
         }
-        if !(self.migration.copy_gbps > 0.0) {
+        if self.migration.copy_gbps.is_nan() || self.migration.copy_gbps <= 0.0 {
             anyhow::bail!("migration.copy_gbps: must be positive");
         }
-        if !(self.migration.per_page_us >= 0.0) {
+        if self.migration.per_page_us.is_nan() || self.migration.per_page_us < 0.0 {
             anyhow::bail!("migration.per_page_us: must not be negative");
         }
         let t = &self.tracking;

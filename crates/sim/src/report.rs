@@ -30,7 +30,10 @@ pub fn relative_series(r: &RunResult, reference: &RunResult) -> Vec<(f64, f64)> 
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let base = reference.samples.get(i).map_or(0.0, |b| b.tput.iter().sum());
+            let base = reference
+                .samples
+                .get(i)
+                .map_or(0.0, |b| b.tput.iter().sum());
             let v: f64 = s.tput.iter().sum();
             (s.t, if base > 0.0 { v / base } else { 0.0 })
         })
@@ -71,7 +74,10 @@ pub fn table(rows: &[Row]) -> String {
         s,
         "| policy | throughput vs all-fast | steady state | fast hit ratio | time to 90% (s) | migrated (GiB) | tracking overhead | migration overhead |"
     );
-    let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(
+        s,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for r in rows {
         let _ = writeln!(
             s,
@@ -185,7 +191,10 @@ pub fn write_plots(
 
     let hm = format!("{prefix}-heatmap.svg");
     let heat = Heatmap {
-        title: &format!("{title}: hotness of {} (share of accesses)", reference.vms[0].name),
+        title: &format!(
+            "{title}: hotness of {} (share of accesses)",
+            reference.vms[0].name
+        ),
         x_label: "time (s)",
         y_label: "guest address",
         x_max: reference.samples.last().map_or(1.0, |s| s.t),

@@ -13,7 +13,9 @@ use crate::model::MemoryModel;
 use crate::workload::{Profile, VmWorkload};
 use serde::Serialize;
 use std::collections::VecDeque;
-use vtism_engine::{Move, MoveKind, Nanos, NodeId, NodeSpec, PlanContext, Policy, Tier, Topology, VmId, VmSpec};
+use vtism_engine::{
+    Move, MoveKind, Nanos, NodeId, NodeSpec, PlanContext, Policy, Tier, Topology, VmId, VmSpec,
+};
 use vtism_proto::{Gfn, RamMap, FRAME_SIZE};
 
 pub const FAST: NodeId = NodeId(0);
@@ -54,13 +56,13 @@ impl SimConfig {
     }
     pub fn validate(&self) -> anyhow::Result<()> {
         let f = self.unit_bytes / FRAME_SIZE;
-        if self.unit_bytes % FRAME_SIZE != 0 || !f.is_power_of_two() || f > 512 {
+        if !self.unit_bytes.is_multiple_of(FRAME_SIZE) || !f.is_power_of_two() || f > 512 {
             anyhow::bail!("--unit: must be a power of two between 4 KiB and 2 MiB");
         }
         if !(self.epoch_s > 0.0 && self.epoch_s <= 10.0) {
             anyhow::bail!("--epoch-ms: must be between 1 and 10000");
         }
-        if !(self.duration_s >= self.epoch_s) {
+        if self.duration_s.is_nan() || self.duration_s < self.epoch_s {
             anyhow::bail!("--duration: must be at least one epoch");
         }
         if !(self.slow_per_fast >= 0.0 && self.slow_per_fast.is_finite()) {
@@ -490,8 +492,11 @@ pub fn run(
             for (k, v) in vms.iter_mut().enumerate() {
                 s.tput.push(v.s_acc / span);
                 s.fast_bytes.push(v.fast_frames * FRAME_SIZE);
-                s.hit
-                    .push(if v.s_acc > 0.0 { v.s_fast / v.s_acc } else { 0.0 });
+                s.hit.push(if v.s_acc > 0.0 {
+                    v.s_fast / v.s_acc
+                } else {
+                    0.0
+                });
                 v.s_acc = 0.0;
                 v.s_fast = 0.0;
                 if k == 0 {
@@ -558,7 +563,7 @@ fn execute(
         let mut need = vec![];
         if ok {
             for u in u0..u1 {
-                let a = (mv.gfn.0.max(u as u64 * fpu)) as u64;
+                let a = mv.gfn.0.max(u as u64 * fpu);
                 let b = (mv.gfn.0 + mv.frames).min((u as u64 + 1) * fpu);
                 let k = (b - a) as u32;
                 let avail = if mv.from == FAST {

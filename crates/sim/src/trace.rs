@@ -59,7 +59,10 @@ impl TraceWorkload {
         let h: Header = serde_json::from_str(&first)
             .map_err(|e| anyhow::anyhow!("trace: line 1 (header): {e}"))?;
         if h.vtism_trace != 1 {
-            anyhow::bail!("trace: vtism_trace: version {} not supported (1)", h.vtism_trace);
+            anyhow::bail!(
+                "trace: vtism_trace: version {} not supported (1)",
+                h.vtism_trace
+            );
         }
         if h.vm.frames == 0 {
             anyhow::bail!("trace: vm.frames: must be at least 1");
@@ -73,14 +76,15 @@ impl TraceWorkload {
             }
             let r: Round = serde_json::from_str(&l)
                 .map_err(|e| anyhow::anyhow!("trace: line {}: {e}", i + 2))?;
-            if !(r.t >= last) {
+            if r.t.is_nan() || r.t < last {
                 anyhow::bail!("trace: line {}: t: rounds must be in time order", i + 2);
             }
             last = r.t;
             let mut es = Vec::with_capacity(r.entries.len());
             for e in &r.entries {
-                let w = u64::from_str_radix(e.trim_start_matches("0x"), 16)
-                    .map_err(|_| anyhow::anyhow!("trace: line {}: entries: bad hex {e:?}", i + 2))?;
+                let w = u64::from_str_radix(e.trim_start_matches("0x"), 16).map_err(|_| {
+                    anyhow::anyhow!("trace: line {}: entries: bad hex {e:?}", i + 2)
+                })?;
                 es.push(HintEntry(w));
             }
             rounds.push((r.t, es));
@@ -189,8 +193,9 @@ mod tests {
 
     #[test]
     fn errors_name_the_line_and_field() {
-        let e = TraceWorkload::read(&b"{\"vtism_trace\":2,\"vm\":{\"name\":\"x\",\"frames\":1}}\n"[..])
-            .unwrap_err();
+        let e =
+            TraceWorkload::read(&b"{\"vtism_trace\":2,\"vm\":{\"name\":\"x\",\"frames\":1}}\n"[..])
+                .unwrap_err();
         assert!(e.to_string().contains("vtism_trace"), "{e}");
         let e = TraceWorkload::read(
             &b"{\"vtism_trace\":1,\"vm\":{\"name\":\"x\",\"frames\":1}}\n{\"t\":1,\"entries\":[\"zz\"]}\n"[..],

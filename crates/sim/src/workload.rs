@@ -257,13 +257,34 @@ const GIB: u64 = 1 << 30;
 
 /// Names the CLI accepts for `--workload`.
 pub const WORKLOADS: &[(&str, &str)] = &[
-    ("gups-hotset", "GUPS, 14 GiB region, 1 GiB hot set, 90% of updates to it (Demeter/HeMem)"),
-    ("gups-hotset-move", "GUPS hot-set whose hot set jumps at half time (HeMem)"),
-    ("kv-zipf", "key-value store, 16 GiB, 4 KiB values, zipf 0.99, 50% updates (YCSB-A)"),
-    ("graph", "PageRank-like power-law graph, 16 GiB (vertices 1/4, edges streamed)"),
-    ("seq-window", "HMM-V sequential access: 16 GiB, 20% hot window moving every 60 s"),
-    ("file-cache", "12 GiB guest page cache read at boot plus 4 GiB anonymous data, 1.6 GiB hot"),
-    ("mix-hmmv4", "HMM-V's four-VM co-run: fotonik3d-like, graph500, redis, pagerank"),
+    (
+        "gups-hotset",
+        "GUPS, 14 GiB region, 1 GiB hot set, 90% of updates to it (Demeter/HeMem)",
+    ),
+    (
+        "gups-hotset-move",
+        "GUPS hot-set whose hot set jumps at half time (HeMem)",
+    ),
+    (
+        "kv-zipf",
+        "key-value store, 16 GiB, 4 KiB values, zipf 0.99, 50% updates (YCSB-A)",
+    ),
+    (
+        "graph",
+        "PageRank-like power-law graph, 16 GiB (vertices 1/4, edges streamed)",
+    ),
+    (
+        "seq-window",
+        "HMM-V sequential access: 16 GiB, 20% hot window moving every 60 s",
+    ),
+    (
+        "file-cache",
+        "12 GiB guest page cache read at boot plus 4 GiB anonymous data, 1.6 GiB hot",
+    ),
+    (
+        "mix-hmmv4",
+        "HMM-V's four-VM co-run: fotonik3d-like, graph500, redis, pagerank",
+    ),
 ];
 
 /// Suite run by `compare --suite` and scripts/gen-evaluation.sh.
@@ -279,7 +300,12 @@ pub const SUITE: &[&str] = &[
 
 /// Builds a named scenario (one workload per VM). `scale` multiplies every footprint, `duration`
 /// places the hot-set move of `gups-hotset-move`.
-pub fn scenario(name: &str, scale: f64, duration: f64, seed: u64) -> anyhow::Result<Vec<VmWorkload>> {
+pub fn scenario(
+    name: &str,
+    scale: f64,
+    duration: f64,
+    seed: u64,
+) -> anyhow::Result<Vec<VmWorkload>> {
     let sz = |gib: f64| ((gib * scale * GIB as f64) as u64).max(4 << 20);
     let vm = |name: &str, kind: Kind, gib: f64, conc: f64, cpu: f64, s: u64| VmWorkload {
         name: name.into(),
@@ -346,7 +372,14 @@ pub fn scenario(name: &str, scale: f64, duration: f64, seed: u64) -> anyhow::Res
         // HMM-V §5.9.1: four VMs; RSS 10 GB fotonik3d, 19 GB graph500, 32 GB redis (20% hot),
         // 19 GB pagerank (hot <= 1 GB at the top of its address space, modelled by a small hot set).
         "mix-hmmv4" => vec![
-            vm("fotonik3d", Kind::Uniform { write_frac: 0.3 }, 10.0, 8.0, 5.0, 1),
+            vm(
+                "fotonik3d",
+                Kind::Uniform { write_frac: 0.3 },
+                10.0,
+                8.0,
+                5.0,
+                1,
+            ),
             vm(
                 "graph500",
                 Kind::Graph {

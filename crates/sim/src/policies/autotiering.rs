@@ -124,8 +124,7 @@ impl Policy for AutoTiering {
                 if vl < level {
                     vi += 1;
                     plan.moves.push(b.mv(v, MoveKind::Demote, Phase::Demote));
-                    plan
-                        .moves
+                    plan.moves
                         .push(b.mv(u, MoveKind::Promote, Phase::PromoteAfterDemote));
                 }
             }

@@ -108,7 +108,8 @@ impl Policy for HeMem {
                 if b.free_units() > 0 {
                     plan.moves.push(b.mv(u, MoveKind::Promote, Phase::Promote));
                 } else if ci < cold.len() {
-                    plan.moves.push(b.mv(cold[ci], MoveKind::Demote, Phase::Demote));
+                    plan.moves
+                        .push(b.mv(cold[ci], MoveKind::Demote, Phase::Demote));
                     ci += 1;
                     plan.moves
                         .push(b.mv(u, MoveKind::Promote, Phase::PromoteAfterDemote));

@@ -148,10 +148,7 @@ impl Policy for HmmV {
             let mut order: Vec<usize> = (0..b.units).collect();
             order.sort_by(|&x, &y| degree[y].cmp(&degree[x]).then(x.cmp(&y)));
             if self.pool {
-                let warm = order
-                    .iter()
-                    .filter(|&&u| degree[u] > 3 * self.fpu)
-                    .count();
+                let warm = order.iter().filter(|&&u| degree[u] > 3 * self.fpu).count();
                 let hss = (warm as f64 * 0.8).round() as usize;
                 let lo = (s.initial_units as f64 * 0.75) as usize;
                 let hi = (s.initial_units as f64 * 1.25) as usize;

@@ -153,7 +153,8 @@ impl Policy for Memtis {
             let mut ci = 0;
             // Keep the watermark free.
             while b.free_units() < wmark && ci < cold.len() {
-                plan.moves.push(b.mv(cold[ci], MoveKind::Refill, Phase::Demote));
+                plan.moves
+                    .push(b.mv(cold[ci], MoveKind::Refill, Phase::Demote));
                 ci += 1;
             }
             for u in prom {
@@ -161,7 +162,8 @@ impl Policy for Memtis {
                 if b.free_units() > wmark {
                     plan.moves.push(b.mv(u, MoveKind::Promote, Phase::Promote));
                 } else if is_hot && ci < cold.len() {
-                    plan.moves.push(b.mv(cold[ci], MoveKind::Demote, Phase::Demote));
+                    plan.moves
+                        .push(b.mv(cold[ci], MoveKind::Demote, Phase::Demote));
                     ci += 1;
                     plan.moves
                         .push(b.mv(u, MoveKind::Promote, Phase::PromoteAfterDemote));

@@ -14,7 +14,9 @@ use crate::mechanism::{
     GuestScanner, HintFaultScanner, NoTracker, OracleFeed, PebsSampler, PmlScanner, Tracker,
 };
 use crate::sim::{MoveMode, PolicyRun, Setup, Static, FAST, SLOW};
-use vtism_engine::{EngineError, EngineParams, Move, MoveKind, NodeId, Phase, VmId, VmSpec, VtismPolicy};
+use vtism_engine::{
+    EngineError, EngineParams, Move, MoveKind, NodeId, Phase, VmId, VmSpec, VtismPolicy,
+};
 use vtism_proto::{Gfn, PageType};
 
 pub use autotiering::AutoTiering;
@@ -26,16 +28,46 @@ pub use tpp::{Tpp, TppMode};
 
 /// Policy names, in table order, with a one-line description.
 pub const POLICIES: &[(&str, &str)] = &[
-    ("all-fast", "everything in fast memory: the upper bound (1.0 by definition)"),
-    ("oracle", "knows the next 10 s of accesses, pays migration costs: a mover's practical bound"),
-    ("vtism", "the vtism engine fed by the guest A-bit tracker with the adaptive interval"),
-    ("static", "first-touch, no migration (Linux default, HMM-V's NUMA_B)"),
-    ("tpp", "Linux NUMA balancing tiering mode (numa_balancing=2) with TPP's demotion watermark"),
-    ("autonuma", "NUMA balancing for locality: promotes into free fast memory only, never demotes"),
-    ("hmmv", "HMM-V: PML-limited guest page-table scans, multi-level queue, bucket sort, pool"),
-    ("autotiering", "AutoTiering OPM-BD: 8-bit fault histories, LAP lists, background demotion"),
-    ("memtis", "Memtis: PEBS histogram, adaptive hot threshold, cooling, kmigrated every 500 ms"),
-    ("hemem", "HeMem: PEBS at 19,997, fixed thresholds 4/4, cooling at 10, policy every 10 ms"),
+    (
+        "all-fast",
+        "everything in fast memory: the upper bound (1.0 by definition)",
+    ),
+    (
+        "oracle",
+        "knows the next 10 s of accesses, pays migration costs: a mover's practical bound",
+    ),
+    (
+        "vtism",
+        "the vtism engine fed by the guest A-bit tracker with the adaptive interval",
+    ),
+    (
+        "static",
+        "first-touch, no migration (Linux default, HMM-V's NUMA_B)",
+    ),
+    (
+        "tpp",
+        "Linux NUMA balancing tiering mode (numa_balancing=2) with TPP's demotion watermark",
+    ),
+    (
+        "autonuma",
+        "NUMA balancing for locality: promotes into free fast memory only, never demotes",
+    ),
+    (
+        "hmmv",
+        "HMM-V: PML-limited guest page-table scans, multi-level queue, bucket sort, pool",
+    ),
+    (
+        "autotiering",
+        "AutoTiering OPM-BD: 8-bit fault histories, LAP lists, background demotion",
+    ),
+    (
+        "memtis",
+        "Memtis: PEBS histogram, adaptive hot threshold, cooling, kmigrated every 500 ms",
+    ),
+    (
+        "hemem",
+        "HeMem: PEBS at 19,997, fixed thresholds 4/4, cooling at 10, policy every 10 ms",
+    ),
 ];
 
 pub fn names() -> Vec<&'static str> {
@@ -68,7 +100,11 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
             let mut r = run(
                 name,
                 Box::new(Static {
-                    name: if name == "static" { "static" } else { "all-fast" },
+                    name: if name == "static" {
+                        "static"
+                    } else {
+                        "all-fast"
+                    },
                 }),
                 per_vm(&|_| Box::new(NoTracker)),
                 Unmap,
@@ -135,7 +171,7 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
                     199.0,
                     100_003.0,
                     Some(0.03),
-                    cfg.seed ^ (i as u64 + 1) * 0x9e37,
+                    cfg.seed ^ ((i as u64 + 1) * 0x9e37),
                 ))
             }),
             Unmap,
@@ -149,7 +185,7 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
                     19_997.0,
                     19_997.0,
                     None,
-                    cfg.seed ^ (i as u64 + 1) * 0x5851,
+                    cfg.seed ^ ((i as u64 + 1) * 0x5851),
                 ))
             }),
             WriteProtect,
@@ -193,7 +229,12 @@ impl VmBook {
     pub fn free_units(&self) -> usize {
         self.quota_units.saturating_sub(self.fast_units)
     }
-    pub fn place(&mut self, gfn: Gfn, frames: u64, node: Option<NodeId>) -> Result<(), EngineError> {
+    pub fn place(
+        &mut self,
+        gfn: Gfn,
+        frames: u64,
+        node: Option<NodeId>,
+    ) -> Result<(), EngineError> {
         let u0 = (gfn.0 / self.fpu) as usize;
         let u1 = ((gfn.0 + frames).div_ceil(self.fpu) as usize).min(self.units);
         if u0 >= self.units {
@@ -254,7 +295,8 @@ macro_rules! peer_common {
                 return Err(vtism_engine::EngineError::DuplicateVm(spec.id));
             }
             self.add(&spec);
-            self.books.push(crate::policies::VmBook::new(&spec, self.fpu));
+            self.books
+                .push(crate::policies::VmBook::new(&spec, self.fpu));
             Ok(())
         }
         fn remove_vm(&mut self, vm: vtism_engine::VmId) -> Result<(), vtism_engine::EngineError> {

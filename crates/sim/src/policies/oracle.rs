@@ -88,7 +88,10 @@ impl Policy for Oracle {
             return Ok(IngestStats::default());
         };
         let m = &self.model;
-        let (dr, dw) = (m.slow.read_ns - m.fast.read_ns, m.slow.write_ns - m.fast.write_ns);
+        let (dr, dw) = (
+            m.slow.read_ns - m.fast.read_ns,
+            m.slow.write_ns - m.fast.write_ns,
+        );
         let (b, s) = (&mut self.books[p], &mut self.st[p]);
         let mut st = IngestStats::default();
         for a in acc {
@@ -122,9 +125,10 @@ impl Policy for Oracle {
             }
             s.fresh = false;
             let horizon_rate = 10.0; // the feed's horizon, s
-            // Stall a move costs (as the simulator charges `Unmap` moves), thread-ns.
+                                     // Stall a move costs (as the simulator charges `Unmap` moves), thread-ns.
             let cost = |gain: f64| {
-                let rate = gain.max(0.0) / ((m.slow.read_ns - m.fast.read_ns).max(1.0)) / horizon_rate;
+                let rate =
+                    gain.max(0.0) / ((m.slow.read_ns - m.fast.read_ns).max(1.0)) / horizon_rate;
                 (s.vcpus * m.unmap_secs(unit) + (rate * copy).min(s.concurrency) * copy / 2.0) * 1e9
             };
             let mut order: Vec<usize> = (0..b.units).collect();
@@ -135,12 +139,7 @@ impl Policy for Oracle {
                     .then(x.cmp(&y))
             });
             let want = b.quota_units.min(b.units);
-            let mut cold: Vec<usize> = order
-                .iter()
-                .rev()
-                .copied()
-                .filter(|&u| b.fast[u])
-                .collect();
+            let mut cold: Vec<usize> = order.iter().rev().copied().filter(|&u| b.fast[u]).collect();
             let mut ci = 0;
             let mut budget = self.plan_secs;
             for &u in order[..want].iter() {

@@ -100,7 +100,12 @@ impl Policy for Tpp {
         let s = &mut self.st[p];
         let mut st = IngestStats::default();
         for a in acc {
-            let FrameAccess { gfn, reads, writes, page_type } = *a;
+            let FrameAccess {
+                gfn,
+                reads,
+                writes,
+                page_type,
+            } = *a;
             st.entries += 1;
             let Some(u) = b.unit(gfn) else {
                 st.ignored += 1;
