@@ -3,11 +3,7 @@
 
 mod support {
     pub mod cpu_time;
-    pub mod huge_alloc;
 }
-
-#[global_allocator]
-static ALLOC: support::huge_alloc::HugeAlloc = support::huge_alloc::HugeAlloc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use support::cpu_time::ThreadCpuTime;
@@ -20,6 +16,11 @@ const VM_BYTES: u64 = 32 * GIB;
 const FRAMES: u64 = VM_BYTES / FRAME_SIZE;
 
 fn setup() -> (VtismPolicy, Vec<Vec<HintEntry>>) {
+    setup_shape(1_835_008, 0.04)
+}
+
+/// `hot` frames hinted every round plus random cold touches (`cold_touch` of the rest a round).
+fn setup_shape(hot: u64, cold_touch: f64) -> (VtismPolicy, Vec<Vec<HintEntry>>) {
     let topo = Topology::new(
         vec![
             NodeSpec {
@@ -74,19 +75,20 @@ fn setup() -> (VtismPolicy, Vec<Vec<HintEntry>>) {
         Some(NodeId(1)),
     )
     .unwrap();
-    // 1.75 Mi hot frames (7 GiB) every round + ~0.25 Mi cold touches = ~2 Mi entries.
+    // Default shape: 1.75 Mi hot frames (7 GiB) every round + ~0.25 Mi cold touches = ~2 Mi.
     let mut g = GupsHotSet::new(
         Gfn((4 * GIB) / FRAME_SIZE),
         FRAMES - low,
-        1_835_008,
-        0.04,
+        hot,
+        cold_touch,
         3,
     );
     g.move_hot_set(2_000_000);
     let rounds: Vec<Vec<HintEntry>> = (0..4).map(|_| g.round()).collect();
-    assert!(rounds[0].len() >= 2_000_000, "{} entries", rounds[0].len());
+    assert!(rounds[0].len() >= 1_900_000, "{} entries", rounds[0].len());
     // Converge first: the steady state is what a host lives in.
-    for r in 0..24 {
+    let mut last = None;
+    for r in 0..40 {
         e.observe(
             vm,
             Observation::Hints {
@@ -96,8 +98,16 @@ fn setup() -> (VtismPolicy, Vec<Vec<HintEntry>>) {
             Nanos::from_secs(r as u64),
         )
         .unwrap();
-        e.plan(&PlanContext::default(), Nanos::from_secs(r as u64));
+        last = Some(e.plan(&PlanContext::default(), Nanos::from_secs(r as u64)));
     }
+    let s = &last.expect("40 rounds").stats.vms[0];
+    eprintln!(
+        "steady state: {} hot frames ({} fast), hot set {}, last round moved {} frames",
+        s.hot_frames,
+        s.hot_fast_frames,
+        s.hot_set_frames,
+        s.promote_frames + s.demote_frames + s.refill_frames
+    );
     (e, rounds)
 }
 
@@ -149,6 +159,28 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
         b.iter(|| {
             e.mark_all_dirty(); // a flag per VM: nothing to measure
             e.plan(&PlanContext::default(), Nanos::from_secs(t))
+        })
+    });
+    g.finish();
+    // The same number of hints, all in one contiguous hot set: no random accesses.
+    let (mut e2, seq) = setup_shape(1_900_000, 0.0);
+    let mut g = c.benchmark_group("engine_32GiB_2Mi_sequential_hints");
+    g.sample_size(20);
+    g.throughput(Throughput::Elements(seq[0].len() as u64));
+    g.bench_function("round_ingest_plus_plan", |b| {
+        b.iter(|| {
+            t += 1;
+            let r = &seq[(t % 4) as usize];
+            e2.observe(
+                vm,
+                Observation::Hints {
+                    entries: r,
+                    overflow: false,
+                },
+                Nanos::from_secs(t),
+            )
+            .unwrap();
+            e2.plan(&PlanContext::default(), Nanos::from_secs(t))
         })
     });
     g.finish();
