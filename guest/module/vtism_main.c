@@ -9,6 +9,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/debugfs.h>
+#include <linux/freezer.h>
 #include <linux/io.h>
 #include <linux/kernel.h>
 #include <linux/kobject.h>
@@ -21,24 +22,52 @@
 #include <linux/sched.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
+#include <linux/spinlock.h>
 #include <linux/sysfs.h>
 
 #include "vtism_guest.h"
 
+/* The scanner thread, for waking it when an interval parameter changes. */
+static DEFINE_SPINLOCK(vt_task_lock);
+static struct task_struct *vt_task;
+
+static void vt_kick(void)
+{
+	spin_lock(&vt_task_lock);
+	if (vt_task)
+		wake_up_process(vt_task);
+	spin_unlock(&vt_task_lock);
+}
+
+/* A new interval takes effect in the current sleep, not only after it. */
+static int vt_param_set_interval(const char *val, const struct kernel_param *kp)
+{
+	int err = param_set_uint(val, kp);
+
+	if (!err)
+		vt_kick();
+	return err;
+}
+
+static const struct kernel_param_ops vt_interval_ops = {
+	.set = vt_param_set_interval,
+	.get = param_get_uint,
+};
+
 unsigned int vt_interval_k = 8;
-module_param_named(interval_k, vt_interval_k, uint, 0644);
+module_param_cb(interval_k, &vt_interval_ops, &vt_interval_k, 0644);
 MODULE_PARM_DESC(interval_k, "K in T = (K*Ts + Kb)*Ts + Tbase, Ts = last scan time in ms (8)");
 
 unsigned int vt_interval_kb = 50;
-module_param_named(interval_kb, vt_interval_kb, uint, 0644);
+module_param_cb(interval_kb, &vt_interval_ops, &vt_interval_kb, 0644);
 MODULE_PARM_DESC(interval_kb, "Kb in the interval formula (50)");
 
 unsigned int vt_interval_base_ms = 2500;
-module_param_named(interval_base_ms, vt_interval_base_ms, uint, 0644);
+module_param_cb(interval_base_ms, &vt_interval_ops, &vt_interval_base_ms, 0644);
 MODULE_PARM_DESC(interval_base_ms, "Tbase in the interval formula, ms (2500)");
 
 unsigned int vt_interval_max_ms;
-module_param_named(interval_max_ms, vt_interval_max_ms, uint, 0644);
+module_param_cb(interval_max_ms, &vt_interval_ops, &vt_interval_max_ms, 0644);
 MODULE_PARM_DESC(interval_max_ms, "cap on the interval, ms; 0 = none (0); the host's floor wins");
 
 unsigned int vt_history_rounds = 8;
@@ -217,14 +246,28 @@ static void vt_read_feedback(struct vt_dev *d)
 	/* the host keeps writing: keep its previous advice */
 }
 
-/* Sleep until deadline (jiffies) or kthread_stop(). */
-static void vt_sleep_until(unsigned long deadline)
+/*
+ * Wait for the next scan: interval_ms(last scan) after the end of the last scan. Recomputed on
+ * every wake-up, so a parameter change (vt_kick()) or a higher floor from the host, read again
+ * here, applies to the wait in progress. Returns early on kthread_stop().
+ */
+static void vt_wait_next(struct vt_dev *d, unsigned long end, u64 scan_us)
 {
 	for (;;) {
+		unsigned long deadline;
+		long left;
+
+		/* state first: a vt_kick() from here on is not lost */
 		set_current_state(TASK_INTERRUPTIBLE);
-		if (kthread_should_stop() || !time_before(jiffies, deadline))
+		vt_read_feedback(d);
+		deadline = end + msecs_to_jiffies(vt_interval_ms(scan_us, d->fb.min_interval_ms));
+		left = (long)(deadline - jiffies);
+		if (kthread_should_stop() || left <= 0)
 			break;
-		schedule_timeout(deadline - jiffies);
+		/* poll the host's floor at least every 5 s */
+		schedule_timeout(min_t(long, left, 5 * HZ));
+		__set_current_state(TASK_RUNNING);
+		try_to_freeze();
 	}
 	__set_current_state(TASK_RUNNING);
 }
@@ -272,6 +315,7 @@ static int vt_thread(void *arg)
 	struct vt_scan_buf *buf = vt_scan_alloc();
 	struct vt_track track;
 
+	set_freezable();
 	vt_track_init(&track);
 	if (!buf) {
 		pr_err("out of memory, not scanning\n");
@@ -279,9 +323,10 @@ static int vt_thread(void *arg)
 	}
 	while (!kthread_should_stop()) {
 		struct vt_round_stats rs = { 0 };
-		u64 t0 = ktime_get_ns(), scan_us;
-		unsigned long end;
+		u64 t0, scan_us;
 
+		try_to_freeze();
+		t0 = ktime_get_ns();
 		if (!vt_scan_all(buf, &track, &rs)) {
 			WRITE_ONCE(vt_stats.stopped_mid_scan, vt_stats.stopped_mid_scan + 1);
 			pr_info("stopped in the middle of a scan\n");
@@ -294,15 +339,7 @@ static int vt_thread(void *arg)
 		scan_us = div_u64(ktime_get_ns() - t0, NSEC_PER_USEC);
 		vt_round(d, &track, &rs, scan_us);
 
-		/* The host may raise its floor while we sleep: recheck before scanning again. */
-		end = jiffies;
-		vt_sleep_until(end + msecs_to_jiffies(vt_stats.last_interval_ms));
-		while (!kthread_should_stop()) {
-			vt_read_feedback(d);
-			if (!time_before(jiffies, end + msecs_to_jiffies(d->fb.min_interval_ms)))
-				break;
-			vt_sleep_until(end + msecs_to_jiffies(d->fb.min_interval_ms));
-		}
+		vt_wait_next(d, jiffies, scan_us);
 	}
 wait:
 	vt_scan_free(buf);
@@ -342,7 +379,7 @@ static int vt_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 
 	if (test_and_set_bit(0, &vt_busy)) {
 		dev_info(&pdev->dev, "already publishing through another device\n");
-		return -EBUSY;
+		return -ENODEV;	/* not an error: one channel per guest */
 	}
 	d = kzalloc(sizeof(*d), GFP_KERNEL);
 	if (!d) {
@@ -391,6 +428,9 @@ static int vt_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		err = PTR_ERR(d->thread);
 		goto err_unmap;
 	}
+	spin_lock(&vt_task_lock);
+	vt_task = d->thread;
+	spin_unlock(&vt_task_lock);
 	dev_info(&pdev->dev, "channel of %llu bytes, %llu entries\n", d->region_size,
 		 d->capacity);
 	return 0;
@@ -412,6 +452,9 @@ static void vt_remove(struct pci_dev *pdev)
 {
 	struct vt_dev *d = pci_get_drvdata(pdev);
 
+	spin_lock(&vt_task_lock);
+	vt_task = NULL;
+	spin_unlock(&vt_task_lock);
 	/* The thread only stops outside a publication, so seq is left even. */
 	kthread_stop(d->thread);
 	memunmap(d->h);

@@ -181,7 +181,7 @@ class Monitor:
                 self.ch.write_feedback(FEEDBACK_BUDGET, FEEDBACK_MIN_MS)
             elif name == "feedback-end":
                 self.ch.write_feedback(0, 0)
-            elif name == "churn":
+            elif name == "fast":
                 self.keep_entries = False  # fast rounds from here: validate, don't keep
             return
         m = re.match(r"VTGT (hot|cold|thp) (\w+) (\d) (\d+) (\d+)$", line)
@@ -363,15 +363,15 @@ class Monitor:
         except KeyError:
             k = None
         if k is not None:
-            a, b = self.phase_round("steady"), self.phase_round("churn")
+            a, b = self.phase_round("steady"), self.phase_round("fast")
             fa, fb = self.phase_round("feedback-request"), self.phase_round("feedback-end")
             fin, fout = self.phase_round("feedback"), fb
             bad, n = [], 0
             for s in self.snaps:
                 f = s["f"]
                 r = f["round"]
-                if a is None or b is None or not (a < r < b) or s["entries"] is None:
-                    continue  # only the first load's rounds before the churn phase
+                if a is None or b is None or not (a < r <= b) or s["entries"] is None:
+                    continue  # only the first load's rounds before the parameters change
                 n += 1
                 plain = interval_ms(f["scan_us"], k, kb, base, cap, 0)
                 floored = interval_ms(f["scan_us"], k, kb, base, cap, FEEDBACK_MIN_MS)

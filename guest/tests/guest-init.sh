@@ -64,7 +64,8 @@ msleep() { usleep $(($1 * 1000)); }
 FAST="interval_k=0 interval_kb=0 interval_base_ms=0"
 fast() { for kv in $FAST; do echo "${kv#*=}" >"$P/${kv%%=*}"; done; }
 
-say "VTBOOT $(uname -r) params=$MODPARAMS"
+flag() { grep -m1 '^flags' /proc/cpuinfo | grep -q -w "$1" && echo 1 || echo 0; }
+say "VTBOOT $(uname -r) params=$MODPARAMS la57=$(flag la57) pti=$(flag pti) $(grep -m1 vendor_id /proc/cpuinfo | tr -d '\t ')"
 grep 'System RAM' /proc/iomem | sed 's/^ */VTRAM /'
 
 # ---- load ----
@@ -131,10 +132,12 @@ wait_rounds 3
 stats feedback
 
 # ---- processes exiting while being scanned ----
+# T = 0 from here: the scanner is nearly always inside some address space
+phase fast
+fast
 /bin/vtism-workload churn --size 64 --max-ms 300 --procs 3 >/tmp/churn.log 2>&1 &
 CH=$!
 phase churn
-fast
 before=$(cat $S/mm_released)
 n=0
 while [ $n -lt 40 ]; do
