@@ -704,21 +704,33 @@ mod tests {
     /// `validate_entries` reports the same first error as a plain entry-by-entry scan.
     #[test]
     fn fast_check_agrees_with_precise_check() {
+        // One range; two adjacent ranges (one run); then 2, 3, 6 and 12 runs: every arm of
+        // `chunk_ok`, the last one past the fast path.
+        let runs = |n: u64| -> Vec<GfnRange> {
+            (0..n)
+                .map(|k| GfnRange::new(Gfn(k * 0x500), Gfn(k * 0x500 + 0x480)))
+                .collect()
+        };
         let maps = [
-            vec![GfnRange::new(Gfn(0), Gfn(0x1000))],
-            vec![
-                GfnRange::new(Gfn(0x10), Gfn(0x400)),
-                GfnRange::new(Gfn(0x400), Gfn(0x900)),
-            ],
-            (0..12)
-                .map(|k| GfnRange::new(Gfn(k * 0x300), Gfn(k * 0x300 + 0x280)))
-                .collect(),
+            (vec![GfnRange::new(Gfn(0), Gfn(0x1000))], 1),
+            (
+                vec![
+                    GfnRange::new(Gfn(0x10), Gfn(0x400)),
+                    GfnRange::new(Gfn(0x400), Gfn(0x900)),
+                ],
+                1,
+            ),
+            (runs(2), 2),
+            (runs(3), 3),
+            (runs(6), 6),
+            (runs(12), 12),
         ];
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let (mut passed, mut sent_on) = (0, 0);
-        for ranges in maps {
+        for (ranges, n_runs) in maps {
             let ram = RamMap::new(ranges).unwrap();
             let fast = FastCheck::new(&ram);
+            assert_eq!(fast.n, n_runs);
             for _ in 0..4000 {
                 let mut chunk = Vec::new();
                 for _ in 0..(x % 7) {
