@@ -6,7 +6,7 @@
 //!   e2e-harness capture  <qmp-socket> <out-file>
 //!   e2e-harness publish  <channel> <gfn-spec> <interval-ms> [<seconds>]
 //!   e2e-harness hostile  <channel> <seconds> <ram-frames>
-//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s>
+//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s> [hot-only]
 //!   e2e-harness quota    <qmp-socket> <fast-nodes> <quota-mib> <seconds>
 //!   e2e-harness placement <qmp-socket>
 //!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
@@ -214,13 +214,14 @@ fn wait(
     slow: i32,
     quota_mib: u64,
     timeout_s: u64,
+    strict: bool,
 ) -> R<()> {
     let hot = spans(hot)?;
     let mut q = connect(sock)?;
     let start_round = ack_round(chan);
     let t0 = Instant::now();
     let mut samples = 0;
-    let fast_nodes: Vec<i32> = vec![0, 1];
+    let fast_nodes: Vec<i32> = vec![0, 1]; // the emulated host's DRAM nodes
     loop {
         let (_pid, pl) = placement(&mut q)?;
         samples += 1;
@@ -234,6 +235,12 @@ fn wait(
             .into());
         }
         let hot_total = pl.iter().filter(|(g, _)| in_spans(&hot, *g)).count();
+        let want: u64 = hot.iter().map(|s| s.1).sum();
+        if hot_total as u64 != want {
+            return Err(
+                format!("hot set names {want} frames but {hot_total} are guest RAM").into(),
+            );
+        }
         let hot_ok = pl
             .iter()
             .filter(|(g, s)| in_spans(&hot, *g) && *s == fast)
@@ -242,10 +249,10 @@ fn wait(
             .iter()
             .filter(|(g, s)| !in_spans(&hot, *g) && *s != slow && *s >= 0)
             .count();
-        if hot_ok == hot_total && cold_bad == 0 {
+        if hot_ok == hot_total && (cold_bad == 0 || !strict) {
             let rounds = ack_round(chan).saturating_sub(start_round);
             println!(
-                "converged: {hot_ok} hot frames on node {fast}, the rest on node {slow}, \
+                "converged: {hot_ok} hot frames on node {fast}, {cold_bad} other frames off node {slow}, \
                  fast {} MiB <= quota {quota_mib} MiB, {:.1}s, {rounds} guest rounds, {samples} samples",
                 fast_pages * 4096 >> 20,
                 t0.elapsed().as_secs_f64()
@@ -356,14 +363,14 @@ fn bench(mib: u64, from: i32, to: i32, batches: &str) -> R<()> {
         move_all(from, 4096, &mut st)?;
         let secs = move_all(to, b, &mut st)?;
         let moved = st.iter().filter(|&&s| s == to).count();
-        if moved != pages {
+        if moved * 10 < pages * 9 {
             return Err(format!("only {moved}/{pages} pages reached node {to}").into());
         }
         println!(
             "{b},{:.0},{:.0},{:.3}",
-            pages as f64 / secs,
-            len as f64 / secs / 1e6,
-            memcpy / secs
+            moved as f64 / secs,
+            (moved * 4096) as f64 / secs / 1e6,
+            memcpy / secs * moved as f64 / pages as f64
         );
     }
     Ok(())
@@ -390,16 +397,10 @@ fn main() {
             .and_then(|iv| publish(chan, spec, iv, None)),
         ["publish", chan, spec, iv, secs] => (|| publish(chan, spec, num(iv)?, Some(num(secs)?)))(),
         ["hostile", chan, secs, frames] => (|| hostile(chan, num(secs)?, num(frames)?))(),
-        ["wait", sock, chan, hot, f, sl, q, t] => (|| {
-            wait(
-                sock,
-                chan,
-                hot,
-                num(f)? as i32,
-                num(sl)? as i32,
-                num(q)?,
-                num(t)?,
-            )
+        ["wait", sock, chan, hot, f, sl, q, t, rest @ ..] => (|| {
+            let strict = !rest.contains(&"hot-only");
+            let (f, sl) = (num(f)? as i32, num(sl)? as i32);
+            wait(sock, chan, hot, f, sl, num(q)?, num(t)?, strict)
         })(),
         ["quota", sock, fast, q, secs] => (|| quota(sock, fast, num(q)?, num(secs)?))(),
         ["placement", sock] => print_placement(sock),

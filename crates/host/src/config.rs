@@ -140,8 +140,11 @@ pub struct MoverConfig {
     pub move_all: bool,
     /// process_madvise(MADV_COLD) on demoted pages, so host reclaim takes them first.
     pub madvise_cold: bool,
-    /// Pages whose node is queried per round per VM (placement reconcile).
-    pub reconcile_pages_per_round: u64,
+    /// Placement reconcile: every VM's pages are queried (move_pages status) once per this many
+    /// seconds, spread over the rounds; the kernel moves pages too (NUMA balancing, reclaim).
+    pub reconcile_sweep_s: u64,
+    /// Upper bound of pages queried per VM per round (after the first sweep, which is faster).
+    pub reconcile_max_pages_per_round: u64,
 }
 
 impl Default for MoverConfig {
@@ -156,7 +159,8 @@ impl Default for MoverConfig {
             busy_retry_delay_ms: 5,
             move_all: false,
             madvise_cold: false,
-            reconcile_pages_per_round: 262_144,
+            reconcile_sweep_s: 60,
+            reconcile_max_pages_per_round: 262_144,
         }
     }
 }
@@ -330,9 +334,12 @@ impl Config {
         if m.busy_retries > 100 {
             return Err(invalid("mover.busy_retries", "must be at most 100"));
         }
-        if m.reconcile_pages_per_round == 0 {
+        if m.reconcile_sweep_s == 0 {
+            return Err(invalid("mover.reconcile_sweep_s", "must be at least 1"));
+        }
+        if m.reconcile_max_pages_per_round == 0 {
             return Err(invalid(
-                "mover.reconcile_pages_per_round",
+                "mover.reconcile_max_pages_per_round",
                 "must be at least 1",
             ));
         }

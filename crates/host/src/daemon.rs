@@ -765,12 +765,21 @@ impl Daemon {
 
     /// Queries where a budget of each VM's pages are and tells the engine what changed.
     fn reconcile(&mut self) {
-        let budget = self.cfg.mover.reconcile_pages_per_round;
+        let m = &self.cfg.mover;
+        let (sweep_ms, cap) = (m.reconcile_sweep_s * 1000, m.reconcile_max_pages_per_round);
+        let interval = self.cfg.daemon.interval_ms;
         for v in self.vms.values_mut() {
             let total = v.memory.ram.frames();
             if total == 0 {
                 continue;
             }
+            // Until the first sweep completes the engine cannot plan for unknown frames: learn
+            // the placement faster then (16 GiB per round).
+            let budget = if v.full_sweeps == 0 {
+                cap.max(1 << 22)
+            } else {
+                (total.saturating_mul(interval) / sweep_ms + 1).min(cap)
+            };
             let mut left = budget.min(total);
             let mut changes = 0u64;
             while left > 0 {

@@ -1,0 +1,268 @@
+#!/bin/bash
+# Runs inside the emulated host (3 NUMA nodes: DRAM 0 and 1 on two sockets, CPU-less "CXL" node
+# 2 that HMAT describes as slower), chrooted into the real host's root over virtfs. Starts nested
+# QEMUs (TCG, no OS, RAM preallocated on node 2), vtismd, and the harness that plays the guests,
+# then checks what the issue asks. Results go to $OUT/results (PASS/FAIL lines) and $OUT/*.log.
+set -u
+REPO=${REPO:-/work/main}
+OUT=${OUT:-/mnt}
+BIN=$REPO/target/release/vtism
+H=$REPO/target/release/examples/e2e-harness
+W=/tmp/e2e
+mkdir -p $W/qmp
+: >"$OUT/results"
+ip link set lo up 2>/dev/null || busybox ip link set lo up
+exec 2>&1
+
+pass() { echo "PASS $*" | tee -a "$OUT/results"; }
+fail() { echo "FAIL $*" | tee -a "$OUT/results"; }
+check() { # check NAME COMMAND...: PASS if the command succeeds
+	local name=$1
+	shift
+	local out
+	if out=$("$@" 2>&1); then
+		pass "$name: $(echo "$out" | tail -1)"
+	else
+		fail "$name: $(echo "$out" | tail -3 | tr '\n' ' ')"
+	fi
+}
+ctl() { $BIN ctl --socket $W/ctl.sock "$@"; }
+status_json() { ctl status --json 2>/dev/null; }
+vm_field() { # vm_field VM FIELD: a field of a VM in `vtism ctl status --json`
+	status_json | python3 -c "import json,sys; d=json.load(sys.stdin); v=[x for x in d['vms'] if x['name']=='$1']; print(v[0]['$2'] if v else 'absent')" 2>/dev/null || echo "absent"
+}
+metric() { # metric REGEX: sum of matching samples
+	$H get "$METRICS" /metrics 2>/dev/null | grep -E "$1" | awk '{s+=$NF} END {print s+0}'
+}
+wait_for() { # wait_for SECONDS COMMAND...: poll until the command succeeds
+	local t=$1
+	shift
+	local end=$((SECONDS + t))
+	while [ $SECONDS -lt $end ]; do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.5
+	done
+	return 1
+}
+
+# start_vm NAME MIB CPU: a QEMU with no OS whose RAM is preallocated and bound to node 2, an
+# ivshmem channel, one QMP monitor for vtismd (in the scan directory) and one for the harness.
+start_vm() {
+	local name=$1 mib=$2 cpu=$3
+	truncate -s 1M /dev/shm/vtism-$name.chan
+	taskset -c "$cpu" qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m ${mib}M -smp 1 -S \
+		-display none -nodefaults -name "$name" \
+		-object memory-backend-ram,id=ram0,size=${mib}M,prealloc=on,host-nodes=2,policy=bind \
+		-numa node,nodeid=0,memdev=ram0 \
+		-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-$name.chan,size=1M,share=on \
+		-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
+		-qmp unix:$W/qmp/$name.qmp,server=on,wait=off \
+		-qmp unix:$W/$name.harness,server=on,wait=off \
+		-qmp unix:$W/$name.sampler,server=on,wait=off \
+		-daemonize -pidfile $W/$name.pid
+}
+
+write_config() { # write_config QUOTA_A_MIB
+	cat >$W/vtismd.toml <<EOF
+[daemon]
+interval_ms = 300
+control_socket = "$W/ctl.sock"
+metrics_listen = "127.0.0.1:9464"
+log_level = "info,vtism_host=debug"
+[discovery]
+scan_dirs = ["$W/qmp"]
+scan_interval_ms = 500
+refresh_interval_ms = 3000
+retry_backoff_ms = 1000
+[channel]
+entry_budget = 32768
+max_entries = 65536
+min_interval_ms = 200
+[mover]
+promote_mbps = 0
+demote_mbps = 0
+[defaults]
+fast_quota_percent = 10
+[[vm]]
+name = "vm-a"
+fast_quota_mib = $1
+[[vm]]
+name = "vm-b"
+fast_quota_mib = 16
+[[vm]]
+name = "vm-c"
+fast_quota_mib = 112
+promote_mbps = 6
+demote_mbps = 6
+[[vm]]
+name = "vm-d"
+fast_quota_mib = 16
+EOF
+}
+
+start_daemon() {
+	RUST_LOG=info,vtism_host=debug $BIN host -c $W/vtismd.toml >>"$OUT/vtismd.log" 2>&1 &
+	echo $! >$W/vtismd.pid
+	wait_for 20 ctl status
+}
+
+echo "== emulated host: $(uname -r), nodes $(cat /sys/devices/system/node/online), tiers:"
+for t in /sys/devices/virtual/memory_tiering/memory_tier*; do echo "   $t: $(cat $t/nodelist)"; done
+echo "== topology as vtismd sees it"
+$BIN host --print-topology -c /dev/null | python3 -c "import json,sys; [print('   node', n['id'], 'tier', n['tier'], 'cpus', n['cpus'], 'socket', n['socket']) for n in json.load(sys.stdin)['nodes']]"
+check "topology: node 2 is a slower tier, nodes 0/1 fast on two sockets" \
+	bash -c "$BIN host --print-topology -c /dev/null | python3 -c \"import json,sys; n={x['id']:x for x in json.load(sys.stdin)['nodes']}; assert n[2]['tier']==1 and n[0]['tier']==0 and n[1]['tier']==0 and n[0]['socket']!=n[1]['socket'] and n[2]['cpus']==[], n; print('ok')\""
+
+T0=$SECONDS
+start_vm vm-a 128 0
+start_vm vm-b 64 0
+echo "== nested QEMUs started in $((SECONDS - T0))s"
+$H placement $W/vm-a.harness
+
+write_config 32
+start_daemon || fail "daemon did not start"
+METRICS=127.0.0.1:9464
+
+# Guests: vm-a publishes a 16 MiB hot set; vm-b is hostile from the start.
+$H publish /dev/shm/vtism-vm-a.chan 0x1000+4096 200 >"$OUT/publish-a.log" 2>&1 &
+PUB_A=$!
+$H hostile /dev/shm/vtism-vm-b.chan 25 16384 >"$OUT/hostile-b.log" 2>&1 &
+HOSTILE=$!
+
+check "discovery: both VMs picked up from the scan directory" \
+	wait_for 20 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print(len(json.load(sys.stdin)['vms']))\")\" = 2 ]"
+
+check "convergence: vm-a's hinted frames on node 0, the rest on node 2, quota 32 MiB held" \
+	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x1000+4096 0 2 32 120
+
+# A VM that starts later, with its vCPU on socket 1: its hot set goes to node 1.
+start_vm vm-d 64 1
+$H publish /dev/shm/vtism-vm-d.chan 0x800+2048 200 >"$OUT/publish-d.log" 2>&1 &
+PUB_D=$!
+check "late VM on socket 1: vm-d picked up, hot frames on node 1 (its home), rest on node 2" \
+	$H wait $W/vm-d.harness /dev/shm/vtism-vm-d.chan 0x800+2048 1 2 16 120
+
+# The hot set moves: 24 MiB new, quota 32 MiB (30 MiB after the reserve); old frames must make
+# room and the quota must hold at every sample while pages move.
+$H quota $W/vm-a.sampler 0,1 32 25 >"$OUT/quota-a.log" 2>&1 &
+QUOTA=$!
+echo "0x4000+4096,0x6000+2048" >/dev/shm/vtism-vm-a.chan.spec
+check "hot-set change: the new 24 MiB set reaches node 0 within the quota" \
+	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x4000+4096,0x6000+2048 0 2 32 120 hot-only
+if wait $QUOTA; then pass "quota: $(tail -1 "$OUT/quota-a.log")"; else fail "quota: $(tail -2 "$OUT/quota-a.log" | tr '\n' ' ')"; fi
+
+# Hostile guest: every kind of bad round is rejected and counted; vm-a keep being served.
+wait $HOSTILE
+for r in gfn_out_of_range bad_magic over_budget reserved_entry_bits; do
+	n=$(metric "vtism_hint_rounds_rejected_total\{vm=\"vm-b\",reason=\"$r\"\}")
+	if [ "${n:-0}" -gt 0 ]; then pass "hostile: $r rejected and counted ($n)"; else fail "hostile: no $r rejection counted"; fi
+done
+n=$(metric "vtism_hint_rounds_rejected_total\{vm=\"vm-b\",reason=\"(torn_round|write_in_progress)\"\}")
+if [ "${n:-0}" -gt 0 ]; then pass "hostile: torn rounds rejected and counted ($n)"; else fail "hostile: no torn round counted"; fi
+r1=$(vm_field vm-a last_round)
+sleep 2
+r2=$(vm_field vm-a last_round)
+if [ "$r2" != absent ] && [ "$r2" -gt "$r1" ]; then pass "hostile: vm-a still served (round $r1 -> $r2)"; else fail "hostile: vm-a not served ($r1 -> $r2)"; fi
+fb=$(python3 - <<EOF
+import mmap, struct
+with open("/dev/shm/vtism-vm-b.chan", "r+b") as f:
+    m = mmap.mmap(f.fileno(), 4096)
+    print(struct.unpack_from("<Q", m, 0x828)[0])
+EOF
+)
+if [ "${fb:-0}" -gt 0 ]; then pass "hostile: feedback tells the guest ($fb rejected rounds)"; else fail "hostile: feedback rejected_rounds is $fb"; fi
+kill -0 "$(cat $W/vtismd.pid)" && pass "hostile: daemon alive" || fail "hostile: daemon died"
+
+# Control socket and metrics.
+check "ctl status: table lists vm-a" bash -c "$BIN ctl --socket $W/ctl.sock status | tee /dev/stderr | grep -q '^vm-a '"
+check "metrics: per-VM, per-node and daemon CPU series" bash -c "$H get $METRICS /metrics | grep -c -E '^(vtism_vm_resident_bytes|vtism_node_vm_resident_bytes|vtism_process_cpu_seconds_total|vtism_mover_queue_depth|vtism_vm_hot_set_bytes)' | grep -qv '^0$' && echo ok"
+
+# SIGHUP reload: a new quota for vm-a.
+write_config 48
+kill -HUP "$(cat $W/vtismd.pid)"
+check "SIGHUP: vm-a's quota becomes 48 MiB" wait_for 10 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print([v['quota_bytes'] for v in json.load(sys.stdin)['vms'] if v['name']=='vm-a'][0])\")\" = $((48 << 20)) ]"
+fb=$(python3 -c "
+import mmap, struct
+with open('/dev/shm/vtism-vm-a.chan', 'r+b') as f:
+    m = mmap.mmap(f.fileno(), 4096); print(struct.unpack_from('<Q', m, 0x820)[0])")
+[ "$fb" = $((48 << 20)) ] && pass "feedback: vm-a's channel carries its new quota" || fail "feedback: fast_quota_bytes is $fb"
+echo '[daemon]
+interval_ms = 0' >$W/bad.toml
+check "check-config names the bad field" bash -c "out=\$($BIN host --check-config -c $W/bad.toml 2>&1); rc=\$?; echo \"\$out\"; [ \$rc -ne 0 ] && echo \"\$out\" | grep -q daemon.interval_ms"
+
+# Reset (reboot without OS): the VM stays managed, its channel is re-read from round 1.
+python3 - "$W/vm-d.harness" <<'EOF'
+import socket, sys, json
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rwb")
+f.readline()
+for c in ("qmp_capabilities", "system_reset"):
+    f.write((json.dumps({"execute": c}) + "\n").encode()); f.flush()
+    while "return" not in json.loads(f.readline()): pass
+EOF
+sleep 2
+[ "$(vm_field vm-d name)" = vm-d ] && pass "reset: vm-d still managed after system_reset" || fail "reset: vm-d dropped after reset"
+
+# Kill a QEMU in the middle of a migration (vm-c: 96 MiB hot, 6 MB/s per-VM limit).
+start_vm vm-c 128 0
+$H publish /dev/shm/vtism-vm-c.chan 0x1000+24576 200 >"$OUT/publish-c.log" 2>&1 &
+PUB_C=$!
+if wait_for 60 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print([v['promoted_bytes'] for v in json.load(sys.stdin)['vms'] if v['name']=='vm-c'][0])\" 2>/dev/null || echo 0)\" -gt 0 ]"; then
+	kill -9 "$(cat $W/vm-c.pid)"
+	kill $PUB_C 2>/dev/null
+	check "qemu killed mid-migration: vm-c dropped" wait_for 15 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print(len([v for v in json.load(sys.stdin)['vms'] if v['name']=='vm-c']))\")\" = 0 ]"
+	kill -0 "$(cat $W/vtismd.pid)" && pass "qemu killed mid-migration: daemon alive" || fail "qemu killed mid-migration: daemon died"
+	r1=$(vm_field vm-a last_round)
+	sleep 2
+	r2=$(vm_field vm-a last_round)
+	[ "$r2" != absent ] && [ "$r2" -gt "$r1" ] && pass "qemu killed mid-migration: others still served" || fail "qemu killed: vm-a not served ($r1 -> $r2)"
+else
+	fail "qemu killed mid-migration: vm-c never started moving"
+fi
+
+# Kill the daemon itself in the middle of a migration, then restart it.
+echo "0x2000+6144" >/dev/shm/vtism-vm-a.chan.spec
+sleep 1
+kill -9 "$(cat $W/vtismd.pid)"
+sleep 1
+check "daemon killed: vm-a's QEMU unaffected and its memory readable" $H placement $W/vm-a.harness
+start_daemon && pass "daemon killed: restarts over its stale control socket" || fail "daemon killed: restart failed"
+check "daemon killed: after restart vm-a's hot set reaches node 0 within 48 MiB" \
+	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x2000+6144 0 2 48 120 hot-only
+
+# Daemon CPU per round per GiB managed (steady state: hints every 200 ms, nothing to move).
+c1=$(status_json | python3 -c "import json,sys; d=json.load(sys.stdin)['daemon']; print(d['round_cpu_seconds'], d['rounds'], d['cpu_seconds'], d['managed_gib'])")
+sleep 10
+c2=$(status_json | python3 -c "import json,sys; d=json.load(sys.stdin)['daemon']; print(d['round_cpu_seconds'], d['rounds'], d['cpu_seconds'], d['managed_gib'])")
+python3 - "$c1" "$c2" <<'EOF' | tee -a "$OUT/bench.txt"
+import sys
+a = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
+rounds = b[1] - a[1]; gib = b[3]
+print(f"daemon cpu: {gib:.3f} GiB managed, {rounds:.0f} rounds in 10 s, "
+      f"main loop {1e3*(b[0]-a[0])/rounds:.3f} ms/round = {1e3*(b[0]-a[0])/rounds/gib:.3f} ms per round per GiB; "
+      f"whole process {1e3*(b[2]-a[2])/rounds:.3f} ms/round")
+EOF
+
+# Orderly QEMU exit: a VM that quits is dropped.
+python3 - "$W/vm-b.harness" <<'EOF'
+import socket, sys, json
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rwb")
+f.readline()
+for c in ("qmp_capabilities", "quit"):
+    f.write((json.dumps({"execute": c}) + "\n").encode()); f.flush()
+    try:
+        while "return" not in json.loads(f.readline()): pass
+    except Exception: pass
+EOF
+check "quit: vm-b dropped after QEMU exits" wait_for 15 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print(len([v for v in json.load(sys.stdin)['vms'] if v['name']=='vm-b']))\")\" = 0 ]"
+
+ctl status >"$OUT/status-final.txt" 2>&1
+kill $PUB_A $PUB_D 2>/dev/null
+kill -TERM "$(cat $W/vtismd.pid)"
+wait_for 10 bash -c "! kill -0 $(cat $W/vtismd.pid)" && pass "SIGTERM: daemon stops" || fail "SIGTERM: daemon still running"
+
+# Mover throughput vs memcpy in this emulated host (node 2 -> node 0).
+if [ "${VTISM_E2E_BENCH:-1}" = 1 ]; then
+	taskset -c 0 $H bench 64 2 0 16,256,4096,65536 | tee -a "$OUT/bench.txt"
+fi
+for p in $W/*.pid; do kill "$(cat $p)" 2>/dev/null; done
+echo "== inner done in $((SECONDS - T0))s"
