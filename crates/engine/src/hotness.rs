@@ -98,27 +98,56 @@ impl FrameState {
     }
 }
 
-/// Lookup tables derived from the parameters: decay by age and generation by age.
+/// Lookup tables derived from the parameters.
+///
+/// Levels: with exponential decay, a frame's effective score at round `R` is
+/// `score * decay^(R - stamp)`, so `log(score) + stamp * log(1/decay)` orders frames the same way
+/// at every round. The engine keeps that quantity, in units of `1/q` of a round of decay, as an
+/// absolute level; the level relative to now is `logq[score] - q * age`. A histogram over absolute
+/// levels only changes when a frame is hinted or moved, never because time passes: old levels just
+/// fall out of a ring into a "cold" bucket. That is what makes a round O(hints), not O(frames).
 #[derive(Clone, Debug)]
 pub struct Tables {
     /// `decay[age]` = round(256 * decay^age).
     decay: [u16; 256],
-    /// Generation of a frame of a given age: 0 (youngest) to 3 (oldest), like MGLRU's four.
-    gen: [u8; 256],
+    /// `logq[s]` = floor(q * log_{1/decay}(s)): the level of score `s`.
+    logq: [u8; 256],
+    /// Levels per round of decay.
+    pub q: u32,
     read_weight: u32,
     write_weight: u32,
     count_cap: u32,
-    pub min_hot_score: u8,
+    /// Relative level a frame needs to be hot (the level of `min_hot_score`).
+    pub min_hot_level: u8,
+    /// Levels by which a frame must exceed another to displace it.
+    pub hysteresis_levels: u8,
 }
 
-/// Bucket key of a frame: `eff_score << 3 | (3 - generation) << 1 | not_file`.
-/// Higher is hotter. Score dominates, recency breaks ties, and at equal score and recency guest
+/// Relative levels are below this (the level of score 255 is at most 79).
+pub const MAX_LEVEL: usize = 80;
+/// Absolute levels are kept in a ring this long: the live window plus one round's expiry.
+pub const RING: usize = 128;
+
+/// Bucket key of a frame: `(relative_level + 1) << 1 | not_file`, or `not_file` for a cold frame
+/// (never hinted, forgotten, or decayed below score 1). Higher is hotter; at equal level guest
 /// file cache sorts below anonymous memory, so it is demoted first.
 pub type Key = u16;
-pub const KEY_BUCKETS: usize = 256 << 3;
+pub const KEY_BUCKETS: usize = (MAX_LEVEL + 1) * 2;
 
-pub const fn key_score(k: Key) -> u8 {
-    (k >> 3) as u8
+/// The relative level of a key, `None` for cold.
+pub const fn key_level(k: Key) -> Option<u16> {
+    match k >> 1 {
+        0 => None,
+        l => Some(l - 1),
+    }
+}
+
+pub const fn key_of(level: Option<u16>, not_file: bool) -> Key {
+    let l = match level {
+        Some(l) => l + 1,
+        None => 0,
+    };
+    (l << 1) | not_file as u16
 }
 
 impl Tables {
@@ -129,23 +158,26 @@ impl Tables {
             *d = (256.0 * f).round() as u16;
             f *= p.decay;
         }
-        let mut gen = [3u8; 256];
-        for (age, g) in gen.iter_mut().enumerate() {
-            // age 0 -> 0, 1..=2 -> 1, 3..=6 -> 2, 7.. -> 3 (log2 buckets)
-            *g = match age {
-                0 => 0,
-                1..=2 => 1,
-                3..=6 => 2,
-                _ => 3,
-            };
+        let rounds_255 = (255f64).ln() / (1.0 / p.decay).ln();
+        let q = ((MAX_LEVEL - 1) as f64 / rounds_255)
+            .floor()
+            .clamp(1.0, 4.0) as u32;
+        let mut logq = [0u8; 256];
+        for (sc, l) in logq.iter_mut().enumerate().skip(1) {
+            let v = (q as f64 * (sc as f64).ln() / (1.0 / p.decay).ln()).floor();
+            *l = v.clamp(0.0, (MAX_LEVEL - 1) as f64) as u8;
         }
+        let min_hot = p.min_hot_score.clamp(1, 255) as usize;
+        let hyst = (q as f64 * p.hysteresis.max(1.0).ln() / (1.0 / p.decay).ln()).ceil();
         Tables {
             decay,
-            gen,
+            logq,
+            q,
             read_weight: p.read_weight,
             write_weight: p.write_weight,
             count_cap: p.count_cap,
-            min_hot_score: p.min_hot_score.min(255) as u8,
+            min_hot_level: logq[min_hot],
+            hysteresis_levels: hyst.clamp(0.0, MAX_LEVEL as f64) as u8,
         }
     }
 
@@ -154,13 +186,13 @@ impl Tables {
         (self.read_weight * reads + if write { self.write_weight } else { 0 }).min(DEGREE_MASK)
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn age(&self, s: FrameState, round: u8) -> u8 {
         round.wrapping_sub(s.stamp())
     }
 
     /// The score decayed to `round`.
-    #[inline]
+    #[inline(always)]
     pub fn eff_score(&self, s: FrameState, round: u8) -> u8 {
         if !s.seen() {
             return 0;
@@ -169,20 +201,36 @@ impl Tables {
         ((s.score() as u32 * self.decay[age] as u32) >> 8) as u8
     }
 
+    /// The frame's level relative to `round`; `None` when cold.
+    #[inline(always)]
+    pub fn level(&self, s: FrameState, round: u8) -> Option<u16> {
+        if !s.seen() {
+            return None;
+        }
+        let l = self.logq[s.score() as usize] as i32 - (self.q * self.age(s, round) as u32) as i32;
+        if l >= 0 {
+            Some(l as u16)
+        } else {
+            None
+        }
+    }
+
     #[inline]
     pub fn key(&self, s: FrameState, round: u8) -> Key {
-        let not_file = (s.page_type() != PageType::File) as u16;
-        if !s.seen() {
-            return not_file;
-        }
-        let age = self.age(s, round) as usize;
-        let eff = (s.score() as u32 * self.decay[age] as u32) >> 8;
-        ((eff as u16) << 3) | ((3 - self.gen[age] as u16) << 1) | not_file
+        key_of(self.level(s, round), s.page_type() != PageType::File)
+    }
+
+    /// Ring slot of the frame's absolute level at round `round` (the full round counter), `None`
+    /// when cold.
+    #[inline(always)]
+    pub fn ring_slot(&self, s: FrameState, round: u64) -> Option<usize> {
+        let rel = self.level(s, round as u8)? as u64;
+        Some(((rel + self.q as u64 * round) % RING as u64) as usize)
     }
 
     /// Apply one hint to a frame at `round`. Duplicates in the same round merge: the larger
     /// degree wins, the page type is the first known one.
-    #[inline]
+    #[inline(always)]
     pub fn hint(&self, s: &mut FrameState, round: u8, count: u8, write: bool, t: PageType) {
         let deg = self.degree(count, write);
         if s.seen() && s.stamp() == round {
@@ -216,36 +264,12 @@ impl Tables {
         *s = n;
     }
 
-    /// The key of a frame, and the frame's state after [`Tables::maintain`] if that changes it:
-    /// one age and decay lookup for both (the classification pass's inner loop).
-    #[inline(always)]
-    pub fn key_and_maintain(&self, s: FrameState, round: u8) -> (Key, Option<FrameState>) {
-        let not_file = (((s.0 >> TYPE_SHIFT) & 3) != PageType::File as u32) as u16;
-        if !s.seen() {
-            return (not_file, None);
-        }
-        let age = round.wrapping_sub(s.stamp()) as usize;
-        let eff = (s.score() as u32 * self.decay[age] as u32) >> 8;
-        let g = self.gen[age] as u16;
-        if age >= FORGET_AGE as usize || (g == 3 && eff == 0) {
-            let mut f = s;
-            f.forget();
-            return (not_file, Some(f));
-        }
-        (((eff as u16) << 3) | ((3 - g) << 1) | not_file, None)
-    }
-
-    /// Forget a frame's history once that cannot change its key (decayed score 0, oldest
-    /// generation), and always before its stamp could wrap. Forgotten frames of one node and type
-    /// have identical states, so the planner's pass over them runs at memory speed. Returns true
-    /// if the state changed.
+    /// Forget frames hinted so long ago that their stamp could soon wrap. They are cold long
+    /// before (a level lasts at most 80 / q rounds), so forgetting never changes a key. Returns
+    /// true if the state changed.
     #[inline]
     pub fn maintain(&self, s: &mut FrameState, round: u8) -> bool {
-        if !s.seen() {
-            return false;
-        }
-        let age = self.age(*s, round);
-        if age >= FORGET_AGE || (self.gen[age as usize] == 3 && self.eff_score(*s, round) == 0) {
+        if s.seen() && self.age(*s, round) >= FORGET_AGE {
             s.forget();
             true
         } else {
@@ -310,21 +334,66 @@ mod tests {
     }
 
     #[test]
-    fn key_orders_score_then_recency_then_anon_over_file() {
+    fn keys_order_by_decayed_score_then_anon_over_file() {
         let t = t();
         let mut hot = FrameState::NEW;
         let mut warm = FrameState::NEW;
         t.hint(&mut hot, 10, 8, false, PageType::Anon);
         t.hint(&mut warm, 10, 2, false, PageType::Anon);
         assert!(t.key(hot, 10) > t.key(warm, 10));
-        // Equal score and age: file below anon.
         let mut file = FrameState::NEW;
         t.hint(&mut file, 10, 2, false, PageType::File);
         assert!(t.key(file, 10) < t.key(warm, 10));
-        // Decay: an old hot frame falls below a fresh warm one.
-        assert!(t.key(hot, 20) < t.key(warm, 10));
+        // Decay: a hot frame not hinted for a while falls below a fresh warm one.
+        let mut fresh = FrameState::NEW;
+        t.hint(&mut fresh, 16, 2, false, PageType::Anon);
+        assert!(t.key(hot, 16) < t.key(fresh, 16));
         assert_eq!(t.key(FrameState::NEW, 3), 1);
-        assert_eq!(t.eff_score(hot, 10 + 40), 0);
+        assert_eq!(t.level(hot, 10 + 40), None);
+    }
+
+    #[test]
+    fn levels_order_like_effective_scores() {
+        // Wherever two frames' effective scores differ by more than the quantisation, their
+        // levels order the same way.
+        let t = t();
+        let mut frames = Vec::new();
+        for (count, round) in [(1u8, 0u8), (2, 3), (8, 1), (8, 5), (3, 6), (1, 6)] {
+            let mut s = FrameState::NEW;
+            for r in 0..=round {
+                if r % 2 == 0 || r == round {
+                    t.hint(&mut s, r, count, false, PageType::Anon);
+                }
+            }
+            frames.push(s);
+        }
+        for now in 6..20u8 {
+            for a in &frames {
+                for b in &frames {
+                    let (ea, eb) = (t.eff_score(*a, now) as f64, t.eff_score(*b, now) as f64);
+                    if ea >= 1.0 && eb >= 1.0 && ea > eb * 1.6 {
+                        assert!(
+                            t.level(*a, now) > t.level(*b, now),
+                            "now {now}: {ea} vs {eb}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn absolute_levels_do_not_move_with_time() {
+        let t = t();
+        let mut s = FrameState::NEW;
+        t.hint(&mut s, 5, 8, true, PageType::Anon);
+        let slot = t.ring_slot(s, 5).unwrap();
+        for now in 5..40u64 {
+            match t.ring_slot(s, now) {
+                Some(k) => assert_eq!(k, slot, "round {now}"),
+                None => assert!(t.level(s, now as u8).is_none()),
+            }
+        }
     }
 
     #[test]
@@ -332,52 +401,11 @@ mod tests {
         let t = t();
         let mut s = FrameState::NEW;
         t.hint(&mut s, 0, 8, false, PageType::Anon);
+        assert!(!t.maintain(&mut s, 100));
         let mut far = s;
         assert!(t.maintain(&mut far, FORGET_AGE));
         assert!(!far.seen());
         assert_eq!(t.key(far, 0), 1);
-    }
-
-    #[test]
-    fn fused_key_matches_key_then_maintain() {
-        let t = t();
-        for count in [1u8, 2, 8, 100] {
-            for ty in [PageType::Anon, PageType::File] {
-                let mut s = FrameState::NEW;
-                s.set_node(Some(NodeId(2)));
-                t.hint(&mut s, 3, count, count > 50, ty);
-                for round in 0..=255u8 {
-                    let (k, m) = t.key_and_maintain(s, round);
-                    let mut m2 = s;
-                    let changed = t.maintain(&mut m2, round);
-                    assert_eq!(k, t.key(m2, round));
-                    assert_eq!(m, if changed { Some(m2) } else { None });
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn forgetting_never_changes_a_key() {
-        let t = t();
-        for score_count in [1u8, 3, 8, 200] {
-            for write in [false, true] {
-                for ty in [PageType::Anon, PageType::File, PageType::Unknown] {
-                    let mut s = FrameState::NEW;
-                    t.hint(&mut s, 0, score_count, write, ty);
-                    for round in 0..=255u8 {
-                        let mut m = s;
-                        let before = t.key(s, round);
-                        if t.maintain(&mut m, round) && (round as u16) < FORGET_AGE as u16 {
-                            assert_eq!(
-                                t.key(m, round),
-                                before,
-                                "count {score_count} round {round}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
+        assert_eq!(t.key(s, FORGET_AGE), 1, "cold long before it is forgotten");
     }
 }

@@ -18,9 +18,10 @@ pub struct EngineParams {
     pub decay: f64,
     /// Minimum decayed score for a frame to count as hot at all.
     pub min_hot_score: u32,
-    /// A slow frame displaces a fast one only when its score is higher by at least this much
-    /// (AutoTiering OPM's "less accessed than the faulting page", with a margin against noise).
-    pub hysteresis: u32,
+    /// A slow frame displaces a fast one only when its decayed score is at least this many times
+    /// higher (AutoTiering OPM's "less accessed than the faulting page", with a margin against
+    /// noise).
+    pub hysteresis: f64,
     /// Free fast-quota reserve kept by background demotion so promotions never wait, as a fraction
     /// of the quota (AutoTiering OPM-BD keeps a pool of free pages).
     pub reserve_fraction: f64,
@@ -38,7 +39,7 @@ impl Default for EngineParams {
             count_cap: 8,
             decay: 0.75,
             min_hot_score: 2,
-            hysteresis: 4,
+            hysteresis: 1.5,
             reserve_fraction: 0.02,
             reserve_min_bytes: 2 << 20,
             round_budget_bytes: 256 << 20,
@@ -77,14 +78,17 @@ impl EngineParams {
         if !(1..=255).contains(&self.count_cap) {
             return err("count_cap", "must be between 1 and 255");
         }
-        if !(self.decay > 0.0 && self.decay < 1.0) {
-            return err("decay", "must be strictly between 0 and 1");
+        if !(self.decay > 0.0 && self.decay <= 0.93) {
+            return err("decay", "must be above 0 and at most 0.93");
         }
         if self.min_hot_score > 255 {
             return err("min_hot_score", "must be at most 255");
         }
-        if self.hysteresis > 255 {
-            return err("hysteresis", "must be at most 255");
+        if !(1.0..=100.0).contains(&self.hysteresis) {
+            return err(
+                "hysteresis",
+                "must be between 1 and 100 (a ratio of scores)",
+            );
         }
         if !(0.0..=0.5).contains(&self.reserve_fraction) {
             return err("reserve_fraction", "must be between 0 and 0.5");

@@ -1,6 +1,6 @@
 //! The vtism policy: guest hints -> hotness -> hot set per quota -> a phased plan.
 
-use crate::hotness::{key_score, FrameState, Key, Tables, KEY_BUCKETS, NODE_UNKNOWN};
+use crate::hotness::{key_level, key_of, FrameState, Key, Tables, KEY_BUCKETS, NODE_UNKNOWN, RING};
 use crate::params::EngineParams;
 use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
@@ -8,8 +8,11 @@ use crate::topology::Topology;
 use crate::types::{Nanos, NodeId, VmId};
 use vtism_proto::{Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES};
 
-/// Run a maintenance pass at least this often (in hint rounds) so stamps never wrap.
-const MAINTAIN_EVERY: u64 = 64;
+/// Every frame is visited for maintenance once in this many hint rounds (a slice each round), so
+/// stamps never wrap.
+const MAINTAIN_EVERY: u64 = 32;
+/// Histogram slot of cold frames (never hinted, forgotten, or decayed below score 1).
+const COLD: usize = RING;
 const NODES: usize = 64;
 /// Hints are prefetched this many entries ahead: random (cold) hints miss every cache level.
 const PREFETCH_AHEAD: usize = 16;
@@ -31,9 +34,15 @@ struct VmState {
     /// check for an enclosing unit without touching another cache line of `frames`.
     huge_map: Vec<u64>,
     frames: Vec<FrameState>,
-    /// Hint rounds ingested; its low byte is the generation clock.
+    /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
-    last_maintain: u64,
+    /// Next frame the rolling maintenance visits.
+    maint_cursor: usize,
+    /// Frames (with a known node) per absolute level slot, `RING` is cold; per class
+    /// `fast * 2 + file`. Changes only when a frame is hinted or moved, and when a round passes
+    /// (the oldest slots turn cold): planning reads it instead of visiting every frame.
+    hist: Vec<[u64; 4]>,
+    is_fast: [bool; NODES],
     /// Frames per node, kept exact on every placement change.
     node_frames: [u64; NODES],
     dirty: bool,
@@ -95,18 +104,115 @@ impl VmState {
         }
     }
 
-    fn place(&mut self, idx: usize, node: Option<NodeId>) {
-        let s = &mut self.frames[idx];
+    /// Histogram slot and class of a frame, `None` when its node is unknown (not counted).
+    #[inline]
+    fn hist_pos(&self, t: &Tables, s: FrameState) -> Option<(usize, usize)> {
+        let node = s.node_raw();
+        if node == NODE_UNKNOWN {
+            return None;
+        }
+        let class = self.is_fast[node as usize & (NODES - 1)] as usize * 2
+            + (s.page_type() == PageType::File) as usize;
+        Some((t.ring_slot(s, self.round).unwrap_or(COLD), class))
+    }
+
+    #[inline]
+    fn count(&mut self, t: &Tables, s: FrameState) {
+        if let Some((k, c)) = self.hist_pos(t, s) {
+            self.hist[k][c] += 1;
+        }
+    }
+
+    #[inline]
+    fn uncount(&mut self, t: &Tables, s: FrameState) {
+        if let Some((k, c)) = self.hist_pos(t, s) {
+            debug_assert!(
+                self.hist[k][c] > 0,
+                "histogram underflow at slot {k} class {c}"
+            );
+            self.hist[k][c] = self.hist[k][c].saturating_sub(1);
+        }
+    }
+
+    /// One hint on one frame, with the histogram kept in step (the node does not change, so the
+    /// class only changes with the page type).
+    #[inline(always)]
+    fn hint(&mut self, t: &Tables, idx: usize, e: HintEntry) {
+        let Some(slot) = self.frames.get_mut(idx) else {
+            return;
+        };
+        let before = *slot;
+        let mut after = before;
+        t.hint(
+            &mut after,
+            self.round as u8,
+            e.count(),
+            e.write(),
+            e.page_type(),
+        );
+        *slot = after;
+        let node = before.node_raw();
+        if node == NODE_UNKNOWN {
+            return;
+        }
+        let fast = self.is_fast[node as usize & (NODES - 1)] as usize * 2;
+        let file = |s: FrameState| (s.page_type() == PageType::File) as usize;
+        let k0 = t.ring_slot(before, self.round).unwrap_or(COLD);
+        let k1 = t.ring_slot(after, self.round).unwrap_or(COLD);
+        let (c0, c1) = (fast + file(before), fast + file(after));
+        debug_assert!(
+            self.hist[k0][c0] > 0,
+            "histogram underflow at slot {k0} class {c0}"
+        );
+        self.hist[k0][c0] = self.hist[k0][c0].saturating_sub(1);
+        self.hist[k1][c1] += 1;
+    }
+
+    /// The round advanced from `round - 1`: levels of the previous round's lowest slots are now
+    /// below score 1. Move them to the cold slot.
+    fn expire(&mut self, t: &Tables) {
+        let q = t.q as u64;
+        for lvl in q * (self.round - 1)..q * self.round {
+            let k = (lvl % RING as u64) as usize;
+            let slot = std::mem::take(&mut self.hist[k]);
+            for (cold, n) in self.hist[COLD].iter_mut().zip(slot) {
+                *cold += n;
+            }
+        }
+    }
+
+    /// Visit the next slice of frames and forget the ones whose stamp could soon wrap (they are
+    /// long cold, so the histogram does not change).
+    fn maintain_slice(&mut self, t: &Tables) {
+        let n = self.frames.len();
+        if n == 0 {
+            return;
+        }
+        let slice = n.div_ceil(MAINTAIN_EVERY as usize);
+        let r = self.round as u8;
+        let start = self.maint_cursor.min(n);
+        let end = (start + slice).min(n);
+        for s in &mut self.frames[start..end] {
+            t.maintain(s, r);
+        }
+        self.maint_cursor = if end >= n { 0 } else { end };
+    }
+
+    fn place(&mut self, t: &Tables, idx: usize, node: Option<NodeId>) {
+        let s = self.frames[idx];
         let old = s.node_raw();
         let new = node.map_or(NODE_UNKNOWN, |n| n.0);
         if old != new {
+            self.uncount(t, s);
             if old != NODE_UNKNOWN {
                 self.node_frames[old as usize] -= 1;
             }
             if new != NODE_UNKNOWN {
                 self.node_frames[new as usize] += 1;
             }
-            s.set_node(node);
+            self.frames[idx].set_node(node);
+            let s = self.frames[idx];
+            self.count(t, s);
         }
     }
 
@@ -267,18 +373,11 @@ impl VtismPolicy {
                 v.frames.capacity() * 4
                     + v.huge_map.capacity() * 8
                     + v.spans.capacity() * std::mem::size_of::<Span>()
+                    + v.hist.capacity() * 32
                     + std::mem::size_of::<VmState>()
             })
             .sum();
         frames + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
-    }
-
-    fn maintain(tables: &Tables, v: &mut VmState) {
-        let r = v.round as u8;
-        for s in v.frames.iter_mut() {
-            tables.maintain(s, r);
-        }
-        v.last_maintain = v.round;
     }
 
     fn ingest_entries(
@@ -288,9 +387,8 @@ impl VtismPolicy {
     ) -> IngestStats {
         let mut st = IngestStats::default();
         v.round += 1;
-        if v.round - v.last_maintain >= MAINTAIN_EVERY {
-            Self::maintain(tables, v);
-        }
+        v.expire(tables);
+        v.maintain_slice(tables);
         let r = v.round as u8;
         let mut last = 0usize;
         let mut ahead = entries.clone().skip(PREFETCH_AHEAD);
@@ -314,18 +412,22 @@ impl VtismPolicy {
                     st.ignored += 1;
                     continue;
                 }
+                // Every frame of the unit carries the unit's hotness (so counts stay per frame);
+                // the head's mark makes the planner move the unit as one.
                 v.set_huge(idx, true);
-                tables.hint(&mut v.frames[idx], r, e.count(), e.write(), e.page_type());
+                for i in idx..idx + HUGE_FRAMES as usize {
+                    v.hint(tables, i, e);
+                }
                 st.applied += 1;
                 continue;
             }
             let head_idx = idx - (gfn - head) as usize;
             if unit_in_range && v.huge_bit(head_idx) {
-                let hs = &mut v.frames[head_idx];
+                let hs = v.frames[head_idx];
                 if hs.huge_head() {
                     if hs.seen() && hs.stamp() == r {
                         // The unit was hinted this round: the 4 KiB hint is part of it.
-                        tables.hint(hs, r, e.count(), e.write(), e.page_type());
+                        v.hint(tables, idx, e);
                         st.covered_by_huge += 1;
                         st.applied += 1;
                         continue;
@@ -334,7 +436,7 @@ impl VtismPolicy {
                     v.set_huge(head_idx, false);
                 }
             }
-            tables.hint(&mut v.frames[idx], r, e.count(), e.write(), e.page_type());
+            v.hint(tables, idx, e);
             st.applied += 1;
         }
         v.dirty = true;
@@ -370,9 +472,6 @@ impl VtismPolicy {
         let tables = &self.tables;
         let is_fast = &self.is_fast;
         let v = &mut self.vms[vi];
-        if v.round - v.last_maintain >= MAINTAIN_EVERY {
-            Self::maintain(tables, v);
-        }
         let r = v.round as u8;
         let hf = &mut self.hist_fast;
         let hs = &mut self.hist_slow;
@@ -383,74 +482,35 @@ impl VtismPolicy {
             vm: Some(v.spec.id),
             ..Default::default()
         };
-        let min_hot_key: Key = (tables.min_hot_score as Key) << 3;
+        let min_hot_key: Key = key_of(Some(tables.min_hot_level as u16), false);
 
-        // Pass 1: histogram of keys by tier, hot-frame count. Neighbouring frames mostly share a
-        // key (untouched memory, a hot array), so runs are counted in a register and flushed on
-        // change: no store-to-load chain on one bucket.
-        let n = v.frames.len();
-        let frames = &mut v.frames[..];
-        let mut i = 0;
-        let (mut run_key, mut run_fast, mut run_len) = (u16::MAX, false, 0u64);
-        let (mut hot_frames, mut hot_fast_frames) = (0u64, 0u64);
-        // Counts a finished run; counters stay in registers.
-        macro_rules! flush {
-            () => {
-                if run_len > 0 {
-                    if run_fast {
-                        hf[run_key as usize] += run_len;
-                        if run_key >= min_hot_key {
-                            hot_fast_frames += run_len;
-                        }
-                    } else {
-                        hs[run_key as usize] += run_len;
-                    }
-                    if run_key >= min_hot_key {
-                        hot_frames += run_len;
-                    }
-                }
-            };
-        }
-        let mut prev = FrameState(u32::MAX); // no real state: the huge, seen and node bits all set
-        while i < n {
-            let s = frames[i];
-            let w = if s.huge_head() { HUGE_FRAMES } else { 1 };
-            if s == prev {
-                // Same state, same key: extend the run; a run of unknown placement (run_key MAX)
-                // is not counted.
-                if run_key != u16::MAX {
-                    run_len += w;
-                }
-                i += w as usize;
-                continue;
-            }
-            let (k, forgotten) = tables.key_and_maintain(s, r);
-            prev = match forgotten {
-                Some(f) => {
-                    frames[i] = f;
-                    f
-                }
-                None => s,
-            };
-            let node = s.node_raw();
-            if node != NODE_UNKNOWN {
-                let fast = is_fast[node as usize];
-                if k == run_key && fast == run_fast {
-                    run_len += w;
-                } else {
-                    flush!();
-                    (run_key, run_fast, run_len) = (k, fast, w);
-                }
+        // Key histogram by tier, from the VM's level histogram: O(levels), not O(frames).
+        let base = (tables.q as u64 * v.round % RING as u64) as usize;
+        for (k, slot) in v.hist.iter().enumerate() {
+            let level = if k == COLD {
+                None
             } else {
-                // Unknown placement: not counted, and ends the run.
-                flush!();
-                (run_key, run_fast, run_len) = (u16::MAX, false, 0);
+                Some(((k + RING - base) % RING) as u16)
+            };
+            for (class, &n) in slot.iter().enumerate() {
+                if n == 0 {
+                    continue;
+                }
+                let key = key_of(level, class & 1 == 0) as usize;
+                if class >= 2 {
+                    hf[key] += n;
+                } else {
+                    hs[key] += n;
+                }
+                if key as Key >= min_hot_key {
+                    stats.hot_frames += n;
+                    if class >= 2 {
+                        stats.hot_fast_frames += n;
+                    }
+                }
             }
-            i += w as usize;
         }
-        flush!();
-        stats.hot_frames = hot_frames;
-        stats.hot_fast_frames = hot_fast_frames;
+        let n = v.frames.len();
         for (node, &c) in v.node_frames.iter().enumerate() {
             if is_fast[node] {
                 stats.fast_frames += c
@@ -617,7 +677,7 @@ impl VtismPolicy {
             }
         }
 
-        let hyst = self.params.hysteresis.min(255) as u8;
+        let hyst = tables.hysteresis_levels as u16;
         let mut pi = proms.into_iter();
         while let Some(p) = pi.next() {
             let pf = p.frames as u64;
@@ -635,9 +695,8 @@ impl VtismPolicy {
                     held = true;
                     break;
                 };
-                if key_score(vu.key) as u16 + hyst as u16 > key_score(p.key) as u16
-                    || vu.key >= p.key
-                {
+                let level = |k: Key| key_level(k).map_or(-1, |l| l as i32);
+                if level(vu.key) + hyst as i32 > level(p.key) || vu.key >= p.key {
                     held = true;
                     break;
                 }
@@ -734,7 +793,7 @@ impl VtismPolicy {
                 }
                 let from = NodeId(node);
                 let gfn = v.spec.ram.gfn_at(i as u64).unwrap_or(Gfn(0));
-                v.place(i, Some(to));
+                v.place(tables, i, Some(to));
                 match out.last_mut() {
                     Some(m)
                         if m.vm == spec_id
@@ -884,7 +943,9 @@ impl Policy for VtismPolicy {
             frames: vec![FrameState::NEW; frames as usize],
             spec,
             round: 0,
-            last_maintain: 0,
+            maint_cursor: 0,
+            hist: vec![[0; 4]; RING + 1],
+            is_fast: self.is_fast,
             node_frames: [0; NODES],
             dirty: true,
             last_observed: None,
@@ -959,7 +1020,7 @@ impl Policy for VtismPolicy {
             .span(gfn, frames)
             .ok_or(EngineError::OutOfMap { vm, gfn, frames })?;
         for i in span {
-            v.place(i, node);
+            v.place(&self.tables, i, node);
         }
         v.dirty = true;
         Ok(())
@@ -1011,6 +1072,25 @@ impl VtismPolicy {
     /// Mark every VM for planning (after a topology or parameter change, or a reconcile).
     pub fn mark_all_dirty(&mut self) {
         self.vms.iter_mut().for_each(|v| v.dirty = true);
+    }
+
+    /// Recount a VM's level histogram from its frames and compare with the one kept
+    /// incrementally. O(frames): for tests and debugging.
+    pub fn check_histogram(&self, vm: VmId) -> Result<(), String> {
+        let v = &self.vms[self.vm_pos(vm).map_err(|e| e.to_string())?];
+        let mut fresh = vec![[0u64; 4]; RING + 1];
+        for &s in &v.frames {
+            if let Some((k, c)) = v.hist_pos(&self.tables, s) {
+                fresh[k][c] += 1;
+            }
+        }
+        match fresh.iter().zip(&v.hist).position(|(a, b)| a != b) {
+            None => Ok(()),
+            Some(k) => Err(format!(
+                "slot {k}: recounted {:?}, kept {:?}",
+                fresh[k], v.hist[k]
+            )),
+        }
     }
 
     /// Page type the engine last heard for a frame.

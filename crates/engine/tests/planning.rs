@@ -212,7 +212,7 @@ proptest! {
         quota_pct in 0u64..=100,
         start_pct in 0u64..=100,
         budget_frames in 1u64..4_000,
-        hysteresis in 0u32..16,
+        hysteresis in 1.0f64..4.0,
         rounds in prop::collection::vec(
             prop::collection::vec((0u64..7_000, 0u32..20, any::<bool>(), 0u8..4, prop::bool::weighted(0.05)), 0..300),
             1..8),

@@ -164,6 +164,9 @@ impl World {
             self.quota_frames
         );
         assert_eq!(f, self.truth.iter().filter(|&&n| n == FAST).count() as u64);
+        self.engine
+            .check_histogram(self.vm)
+            .expect("incremental histogram drifted");
         plan
     }
 }
