@@ -58,6 +58,13 @@ pub struct Common {
     /// Run this many copies of the workload's VMs side by side (seeds differ).
     #[arg(long, default_value_t = 1)]
     pub vms: u32,
+    /// Timeline resolution, seconds (CSV, plots, time to 90%).
+    #[arg(long, default_value_t = 1.0)]
+    pub sample_s: f64,
+    /// vtism's guest scan interval: `adaptive` (the design) or a fixed interval in ms (a
+    /// diagnostic: what the engine does with finer-grained hints).
+    #[arg(long, default_value = "adaptive")]
+    pub guest_interval: String,
     /// Random seed: same seed, same results.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -165,6 +172,22 @@ pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
     cfg.duration_s = c.duration;
     cfg.slow_per_fast = parse_ratio(&c.ratio)?;
     cfg.seed = c.seed;
+    if c.sample_s.is_nan() || c.sample_s < cfg.epoch_s {
+        anyhow::bail!("--sample-s: must be at least one epoch");
+    }
+    cfg.sample_s = c.sample_s;
+    cfg.guest_interval_ms = match c.guest_interval.as_str() {
+        "adaptive" => None,
+        s => Some(
+            s.trim_end_matches("ms")
+                .parse::<f64>()
+                .ok()
+                .filter(|v| *v >= 10.0 && v.is_finite())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--guest-interval: `adaptive` or milliseconds >= 10, got {s:?}")
+                })?,
+        ),
+    };
     if !(c.scale > 0.0 && c.scale.is_finite()) {
         anyhow::bail!("--scale: must be a positive number");
     }
@@ -285,7 +308,8 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
         &rows,
         &[reference.clone(), r],
         &reference,
-    )
+    )?;
+    Ok(())
 }
 
 fn workload_title(c: &Common) -> String {
@@ -329,11 +353,48 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
             mp.set_draw_target(indicatif::ProgressDrawTarget::hidden());
         }
         let reference = run_one(&cfg, &wls, "all-fast", None, None)?;
-        let results = run_parallel(&cfg, &wls, &pols, jobs, &mp, wname)?;
+        // The reference is all-fast's run: reuse it rather than run it twice.
+        let others: Vec<String> = pols.iter().filter(|p| *p != "all-fast").cloned().collect();
+        let mut rest = run_parallel(&cfg, &wls, &others, jobs, &mp, wname)?.into_iter();
+        let results: Vec<RunResult> = pols
+            .iter()
+            .map(|p| {
+                if p == "all-fast" {
+                    reference.clone()
+                } else {
+                    rest.next().expect("one result per policy")
+                }
+            })
+            .collect();
         let rows: Vec<Row> = results.iter().map(|r| report::row(r, &reference)).collect();
         let title = workload_title(&common);
-        emit(&common, &cfg, &title, &rows, &results, &reference)?;
-        all.push((wname.clone(), rows));
+        let md = emit(&common, &cfg, &title, &rows, &results, &reference)?;
+        all.push((wname.clone(), rows, md));
+    }
+    if a.suite {
+        let summary: Vec<(String, Vec<Row>)> =
+            all.iter().map(|(w, r, _)| (w.clone(), r.clone())).collect();
+        let table = report::summary(&summary);
+        if !a.common.json {
+            println!("\nsuite: throughput relative to all-fast\n\n{table}");
+        }
+        if let Some(dir) = &a.common.out {
+            let mut md = format!(
+                "## {} at fast:slow {}\n\n{} simulated seconds per run, seed {}, unit {} KiB.\n\n\
+                 Throughput relative to all-fast:\n\n{table}\n",
+                cfg.model.name,
+                a.common.ratio,
+                cfg.duration_s,
+                cfg.seed,
+                cfg.unit_bytes >> 10
+            );
+            for (_, _, m) in &all {
+                if let Some(m) = m {
+                    md.push_str(m);
+                }
+            }
+            std::fs::write(dir.join("suite.md"), md)?;
+        }
     }
     Ok(())
 }
@@ -391,7 +452,7 @@ fn emit(
     rows: &[Row],
     results: &[RunResult],
     reference: &RunResult,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<String>> {
     if c.json {
         let j = JsonOut {
             workload: title,
@@ -410,30 +471,33 @@ fn emit(
         );
         print!("{}", report::table(rows));
     }
-    if let Some(dir) = &c.out {
-        let prefix = title.replace(['/', ' '], "_");
-        let w = report::write_plots(dir, &prefix, title, results, reference)?;
-        let mut md = format!(
-            "# {title} on {} at fast:slow {}\n\n{} simulated seconds, seed {}.\n\n{}\n",
-            cfg.model.name,
-            c.ratio,
-            cfg.duration_s,
-            cfg.seed,
-            report::table(rows)
-        );
-        md.push_str(&format!(
-            "\n![throughput]({})\n\n![occupancy]({})\n\n![hotness]({})\n",
-            w.throughput_svg, w.occupancy_svg, w.heatmap_svg
-        ));
-        if let Some(p) = &w.placement_svg {
-            md.push_str(&format!("\n![vtism placement]({p})\n"));
-        }
-        md.push_str(&format!("\nTimeline: [{}]({})\n", w.csv, w.csv));
-        let path = dir.join(format!("{prefix}-report.md"));
-        std::fs::write(&path, md)?;
-        if !c.json {
-            println!("\nreport: {}", path.display());
-        }
+    let Some(dir) = &c.out else {
+        return Ok(None);
+    };
+    let prefix = title.replace(['/', ' '], "_");
+    let w = report::write_plots(dir, &prefix, title, results, reference)?;
+    let desc = WORKLOADS
+        .iter()
+        .find(|x| x.0 == title)
+        .map_or(String::new(), |x| format!("{}.\n\n", x.1));
+    let mut md = format!(
+        "### {title} ({}, fast:slow {})\n\n{desc}{}\n",
+        cfg.model.name,
+        c.ratio,
+        report::table(rows)
+    );
+    md.push_str(&format!(
+        "\n![throughput over time]({})\n\n![fast-tier occupancy]({})\n\n![hotness]({})\n",
+        w.throughput_svg, w.occupancy_svg, w.heatmap_svg
+    ));
+    if let Some(p) = &w.placement_svg {
+        md.push_str(&format!("\n![vtism placement]({p})\n"));
     }
-    Ok(())
+    md.push_str(&format!("\nTimeline: [{}]({})\n\n", w.csv, w.csv));
+    let path = dir.join(format!("{prefix}-report.md"));
+    std::fs::write(&path, format!("#{md}"))?;
+    if !c.json {
+        println!("\nreport: {}", path.display());
+    }
+    Ok(Some(md))
 }

@@ -112,6 +112,16 @@ impl GuestScanner {
     }
 }
 
+impl GuestScanner {
+    /// A fixed scan interval instead of the adaptive one (a diagnostic, not the design).
+    pub fn set_fixed_interval(&mut self, ms: f64) {
+        self.k = 0.0;
+        self.kb = 0.0;
+        self.tbase_ms = ms;
+        self.next_scan = ms / 1000.0;
+    }
+}
+
 impl Tracker for GuestScanner {
     fn epoch(&mut self, v: &EpochView<'_>, policy: &mut dyn Policy) -> anyhow::Result<TrackCost> {
         for i in 0..self.acc.len() {
@@ -542,23 +552,30 @@ impl Tracker for OracleFeed {
         let n = v.profile.units();
         let mut r = vec![0.0f64; n];
         let mut w = vec![0.0f64; n];
-        // Step through the horizon at epoch resolution, one profile per phase.
+        // Walk the horizon at epoch resolution, adding each constant-profile stretch at once.
         let steps = (self.horizon_s / v.dt()).round().max(1.0) as usize;
-        let near = (self.every_s / v.dt()).round().max(1.0) as usize;
+        let near = ((self.every_s / v.dt()).round().max(1.0) as usize).min(steps);
         let first = v.wl.phase(v.t1);
         self.cache.retain(|&k, _| k >= first);
-        for k in 0..steps {
+        let mut k = 0;
+        while k < steps {
             let ph = v.wl.phase(v.t1 + k as f64 * v.dt());
+            let end = if k < near { near } else { steps };
+            let mut e = k + 1;
+            while e < end && v.wl.phase(v.t1 + e as f64 * v.dt()) == ph {
+                e += 1;
+            }
             let p = self
                 .cache
                 .entry(ph)
                 .or_insert_with(|| v.wl.profile(ph, v.unit_bytes));
-            let acc = rate * v.dt();
+            let acc = rate * v.dt() * (e - k) as f64;
             for u in 0..n {
                 r[u] += p.read[u] as f64 * acc;
                 w[u] += p.write[u] as f64 * acc;
             }
-            if k + 1 == near || (k + 1 == steps && near > steps) {
+            k = e;
+            if k == near {
                 self.send(v, policy, &r, &w)?;
             }
         }

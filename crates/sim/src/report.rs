@@ -113,6 +113,51 @@ pub fn timeline_csv(results: &[RunResult], reference: &RunResult) -> String {
     s
 }
 
+/// Averages groups of columns so a heatmap has at most `max` columns.
+pub fn downsample(cols: &[Vec<f32>], max: usize) -> Vec<Vec<f32>> {
+    let g = cols.len().div_ceil(max.max(1)).max(1);
+    cols.chunks(g)
+        .map(|ch| {
+            let mut acc = vec![0f32; ch[0].len()];
+            for c in ch {
+                for (a, &v) in acc.iter_mut().zip(c) {
+                    *a += v / ch.len() as f32;
+                }
+            }
+            acc
+        })
+        .collect()
+}
+
+/// Throughput vs all-fast of every policy (rows) on every workload (columns).
+pub fn summary(results: &[(String, Vec<Row>)]) -> String {
+    let mut s = String::from("| policy |");
+    for (w, _) in results {
+        let _ = write!(s, " {w} |");
+    }
+    s.push_str("\n| --- |");
+    for _ in results {
+        s.push_str(" ---: |");
+    }
+    s.push('\n');
+    let Some((_, first)) = results.first() else {
+        return s;
+    };
+    for (i, r) in first.iter().enumerate() {
+        let _ = write!(s, "| {} |", r.policy);
+        for (_, rows) in results {
+            match rows.get(i) {
+                Some(x) => {
+                    let _ = write!(s, " {:.3} |", x.throughput);
+                }
+                None => s.push_str(" - |"),
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
 /// Files written for one workload's comparison, relative to the output directory.
 pub struct Written {
     pub throughput_svg: String,
@@ -198,7 +243,7 @@ pub fn write_plots(
         x_label: "time (s)",
         y_label: "guest address",
         x_max: reference.samples.last().map_or(1.0, |s| s.t),
-        cols: &reference.heat,
+        cols: &downsample(&reference.heat, 150),
         width: 900.0,
         height: 320.0,
         hot: (214, 39, 40),
@@ -212,7 +257,7 @@ pub fn write_plots(
             x_label: "time (s)",
             y_label: "guest address",
             x_max: r.samples.last().map_or(1.0, |s| s.t),
-            cols: &r.heat_fast,
+            cols: &downsample(&r.heat_fast, 150),
             width: 900.0,
             height: 320.0,
             hot: (31, 119, 180),

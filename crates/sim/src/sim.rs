@@ -36,6 +36,8 @@ pub struct SimConfig {
     pub sample_s: f64,
     /// Address buckets of the hotness heatmap (first VM).
     pub heat_buckets: usize,
+    /// vtism's guest scan interval, ms: `None` is the adaptive interval of the design.
+    pub guest_interval_ms: Option<f64>,
 }
 
 impl SimConfig {
@@ -49,6 +51,7 @@ impl SimConfig {
             seed: 1,
             sample_s: 1.0,
             heat_buckets: 64,
+            guest_interval_ms: None,
         }
     }
     pub fn fpu(&self) -> u64 {

@@ -119,7 +119,13 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
                 VtismPolicy::new(setup.topology.clone(), EngineParams::default())
                     .map_err(|e| anyhow::anyhow!("{e}"))?,
             ),
-            per_vm(&|i| Box::new(GuestScanner::new(setup.units[i]))),
+            per_vm(&|i| {
+                let mut g = GuestScanner::new(setup.units[i]);
+                if let Some(ms) = cfg.guest_interval_ms {
+                    g.set_fixed_interval(ms);
+                }
+                Box::new(g)
+            }),
             Unmap,
             Unmap,
         ),
