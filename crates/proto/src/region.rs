@@ -50,7 +50,7 @@ pub trait SharedRegion {
     fn store_words(&self, offset: usize, words: &[u64]) -> Result<(), AccessError>;
 }
 
-/// Checks an access of `size` bytes at `offset` and returns the word range it needs.
+/// Checks that an access of `size` bytes at `offset` is aligned and inside the region.
 fn check(offset: usize, size: usize, region_len: usize) -> Result<(), AccessError> {
     let err = AccessError {
         offset,
