@@ -293,7 +293,7 @@ fn concurrent_reader_never_sees_a_mixed_round() {
     }
     let region = Arc::new(OwnedRegion::zeroed(8192));
     let mut w = ChannelWriter::init(Arc::clone(&region), Tracker::Harness).unwrap();
-    const ROUNDS: u64 = 20_000;
+    const ROUNDS: u64 = 5_000;
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let done = Arc::clone(&done);
