@@ -218,7 +218,8 @@ static inline vtism_u64 vtism_ch_init(struct vtism_ch_header *h, vtism_u64 regio
 				      vtism_u32 tracker, int preserve_feedback)
 {
 	vtism_u64 cap = vtism_ch_capacity_for(region_size);
-	vtism_u64 *words = (vtism_u64 *)h;
+	/* Zeroed bytewise: a character type may alias every field (no strict-aliasing issue). */
+	vtism_u8 *bytes = (vtism_u8 *)h;
 	unsigned int i;
 
 	if (cap == 0)
@@ -226,14 +227,14 @@ static inline vtism_u64 vtism_ch_init(struct vtism_ch_header *h, vtism_u64 regio
 	/* Odd seq first so a reader never takes a half-initialised header as a round. */
 	VTISM_STORE(&h->seq, VTISM_LOAD(&h->seq) | 1);
 	VTISM_WMB();
-	for (i = 0; i < 0x800 / 8; i++) {
-		if (i == 0x40 / 8)
+	for (i = 0; i < 0x800; i++) {
+		if (i >= 0x40 && i < 0x48)
 			continue; /* seq */
-		VTISM_STORE(&words[i], 0);
+		VTISM_STORE(&bytes[i], 0);
 	}
 	if (!preserve_feedback) {
-		for (i = 0x800 / 8; i < VTISM_CH_HEADER_SIZE / 8; i++)
-			VTISM_STORE(&words[i], 0);
+		for (i = 0x800; i < VTISM_CH_HEADER_SIZE; i++)
+			VTISM_STORE(&bytes[i], 0);
 	}
 	VTISM_STORE(&h->version_major, VTISM_CH_VERSION_MAJOR);
 	VTISM_STORE(&h->version_minor, VTISM_CH_VERSION_MINOR);
