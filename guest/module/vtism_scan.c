@@ -15,6 +15,7 @@
 #include <linux/kernel.h>
 #include <linux/mm.h>
 #include <linux/mmap_lock.h>
+#include <linux/page_idle.h>
 #include <linux/huge_mm.h>
 #include <linux/kthread.h>
 #include <linux/rcupdate.h>
@@ -109,18 +110,34 @@ static u8 vt_folio_type(struct folio *folio)
 	return VTISM_PAGE_FILE;
 }
 
-/* Called with the page-table lock held, so the folio stays mapped and its mapping stable. */
+/*
+ * Record a mapping whose Accessed bit we just cleared. Called with the page-table lock held,
+ * so the folio stays mapped and its mapping stable.
+ */
 static void vt_obs_add(struct vt_scan_buf *b, unsigned long pfn, bool dirty, bool huge)
 {
+	struct folio *folio;
 	struct vt_obs *o;
 
 	if (!pfn_valid(pfn) || b->nobs >= ARRAY_SIZE(b->obs))
 		return;
+	folio = page_folio(pfn_to_page(pfn));
+#ifdef CONFIG_PAGE_IDLE_FLAG
+	/*
+	 * Reclaim (folio_referenced()) and idle page tracking read the bit we took: leave them
+	 * PG_young/!PG_idle, as DAMON does, so the guest still sees the page as referenced.
+	 * Kernels without the flag (Debian's 6.1) lose this; see docs/guest.md.
+	 */
+	if (!folio_test_young(folio))
+		folio_set_young(folio);
+	if (folio_test_idle(folio))
+		folio_clear_idle(folio);
+#endif
 	o = &b->obs[b->nobs++];
 	o->pfn = pfn;
 	o->write = dirty;
 	o->huge = huge;
-	o->type = vt_folio_type(page_folio(pfn_to_page(pfn)));
+	o->type = vt_folio_type(folio);
 }
 
 /* Outside the PTE lock: the history may allocate memory. */
@@ -359,7 +376,7 @@ static bool vt_scan_mm(struct vt_scan_buf *b)
 			break;
 		start = max(addr, vma->vm_start);
 		addr = vma->vm_end;
-		/* hugetlb has its own locking and shared PMDs; PFN/IO maps have no frames to place */
+		/* hugetlb: own locking and shared PMDs; PFN/IO maps: no frames to place */
 		if (vma->vm_flags & (VM_HUGETLB | VM_PFNMAP | VM_IO))
 			continue;
 		if (!vt_walk_range(b, start, vma->vm_end))

@@ -21,7 +21,7 @@
 #include "vtism_guest.h"
 
 #define VT_CHUNK_SHIFT 15
-#define VT_CHUNK_FRAMES (1UL << VT_CHUNK_SHIFT)
+#define VT_CHUNK_FRAMES BIT(VT_CHUNK_SHIFT)
 
 #define VT_ST_HIST	GENMASK(15, 0)
 #define VT_ST_CUR	BIT(16)		/* young in the round being scanned */
@@ -64,7 +64,7 @@ static u32 *vt_state(struct vt_track *t, unsigned long pfn, bool create)
 	if (!c) {
 		if (!create)
 			return NULL;
-		c = kvzalloc(VT_CHUNK_FRAMES * sizeof(u32), GFP_KERNEL);
+		c = kvcalloc(VT_CHUNK_FRAMES, sizeof(u32), GFP_KERNEL);
 		if (!c)
 			return NULL;
 		if (xa_is_err(xa_store(&t->chunks, idx, c, GFP_KERNEL))) {
@@ -154,7 +154,8 @@ void vt_track_end_round(struct vt_track *t, struct vtism_ch_header *h, u64 budge
 		}
 		cnt = hweight32(hist & wmask);
 		key = cnt >= thr ? cnt * 2 + (hist & 1) : 0;
-		*sp = (s & ~(VT_ST_HIST | VT_ST_CUR | VT_ST_KEY)) | hist | FIELD_PREP(VT_ST_KEY, key);
+		s &= ~(VT_ST_HIST | VT_ST_CUR | VT_ST_KEY);
+		*sp = s | hist | FIELD_PREP(VT_ST_KEY, key);
 		t->active[j++] = pfn;
 		if (key) {
 			nkey[key]++;

@@ -455,8 +455,9 @@ class Monitor:
         self.check("page-types", seen and not tbad,
                    "%d hot entries checked (anon/file/shmem/THP), %d wrong type" % (seen, tbad))
         self.check("write-bit", seen and not wbad,
-                   "%d hot entries checked: written anon/shmem/THP have it, read-only file "
-                   "pages not; %d wrong" % (seen, wbad))
+                   "%d hot entries checked: written anon/shmem/THP have it, so do anon pages "
+                   "written once and then only read (Dirty never cleared), read-only file pages "
+                   "not; %d wrong" % (seen, wbad))
         self.check("thp-units", steady and t.thp_heads and not thp_bad,
                    "%d THP units reported as 2 MiB entries in %d rounds; mismatches %s" % (
                        len(t.thp_heads), len(steady), thp_bad[:3]))

@@ -79,7 +79,7 @@ else
 fi
 
 # ---- workload with a known hot and cold set ----
-/bin/vtism-workload run --hot-anon 1024 --hot-file 256 --hot-shmem 256 --thp 2 \
+/bin/vtism-workload run --hot-anon 1024 --hot-anon-ro 256 --hot-file 256 --hot-shmem 256 --thp 2 \
 	--cold-anon 4096 --cold-period 5 >/tmp/wl.log 2>&1 &
 WL=$!
 t=0
@@ -135,23 +135,26 @@ stats feedback
 # T = 0 from here: the scanner is nearly always inside some address space
 phase fast
 fast
-/bin/vtism-workload churn --size 64 --max-ms 300 --procs 3 >/tmp/churn.log 2>&1 &
+/bin/vtism-workload churn --size 256 --max-ms 500 --procs 3 >/tmp/churn.log 2>&1 &
 CH=$!
 phase churn
 before=$(cat $S/mm_released)
+r0=$(rounds)
+t0=$(date +%s)
 n=0
-while [ $n -lt 40 ]; do
-	wait_rounds 1 || break
+# until at least one process died while scanned (5 s minimum, 60 s at most)
+while [ $n -lt 300 ]; do
+	sleep 0.2
 	n=$((n + 1))
-	[ "$(cat $S/mm_released)" -gt "$before" ] && [ $n -ge 5 ] && break
+	[ "$(cat $S/mm_released)" -gt "$before" ] && [ $n -ge 25 ] && break
 done
 phase churn-end
 after=$(cat $S/mm_released)
 stats churn
 if [ "$after" -gt "$before" ]; then
-	result exit-mid-scan ok "$((after - before)) address spaces released by the scanner in $n rounds"
+	result exit-mid-scan ok "$((after - before)) address spaces released by the scanner in $(($(date +%s) - t0)) s, $(($(rounds) - r0)) rounds"
 else
-	result exit-mid-scan fail "no process exited while scanned in $n rounds"
+	result exit-mid-scan fail "no process exited while scanned in $(($(date +%s) - t0)) s, $(($(rounds) - r0)) rounds"
 fi
 
 # ---- unload and reload at random moments (churn still running) ----

@@ -12,8 +12,9 @@
  * rounds of the module (read from sysfs), so in any single round some cold frames are young
  * and only the per-frame history over several rounds can tell them from the hot ones.
  *
- * Ground-truth lines: "VTGT <class> <type> <write> <first-gfn> <frames>", class hot|cold,
- * type anon|file|shmem, write 0|1 (is the mapping ever written), and for THPs
+ * Ground-truth lines: "VTGT <class> <type> <dirty> <first-gfn> <frames>", class hot|cold,
+ * type anon|file|shmem, dirty 0|1 (was the page ever written through this mapping: the
+ * write bit the module must report, from a Dirty bit it never clears), and for THPs
  * "VTGT thp anon 1 <head-gfn> 512". Then "VTGT ready".
  */
 #define _GNU_SOURCE
@@ -39,7 +40,8 @@ static const char *type_name[] = { "anon", "file", "shmem" };
 struct region {
 	const char *class;
 	enum type type;
-	int write;	/* the workload writes it (else only reads) */
+	int write;	/* the loop writes it (else only reads) */
+	int dirty;	/* ground truth: the PTE is dirty (written at least once through it) */
 	int thp;
 	unsigned char *p;
 	size_t pages;
@@ -179,7 +181,7 @@ static void print_truth(struct region *r)
 
 		while (i + n < r->pages && r->gfn[i + n] == r->gfn[i] + n)
 			n++;
-		printf("VTGT %s %s %d %llu %zu\n", r->class, type_name[r->type], r->write,
+		printf("VTGT %s %s %d %llu %zu\n", r->class, type_name[r->type], r->dirty,
 		       (unsigned long long)r->gfn[i], n);
 		i += n;
 	}
@@ -263,11 +265,13 @@ static const char *sopt(int argc, char **argv, const char *name, const char *def
 static int run(int argc, char **argv)
 {
 	struct region r[] = {
-		{ "hot", T_ANON, 1, 0, NULL, opt(argc, argv, "--hot-anon", 1024), NULL },
-		{ "hot", T_FILE, 0, 0, NULL, opt(argc, argv, "--hot-file", 256), NULL },
-		{ "hot", T_SHMEM, 1, 0, NULL, opt(argc, argv, "--hot-shmem", 256), NULL },
-		{ "thp", T_ANON, 1, 1, NULL, 512 * opt(argc, argv, "--thp", 2), NULL },
-		{ "cold", T_ANON, 1, 0, NULL, opt(argc, argv, "--cold-anon", 4096), NULL },
+		{ "hot", T_ANON, 1, 1, 0, NULL, opt(argc, argv, "--hot-anon", 1024), NULL },
+		/* written once at setup, then only read: its Dirty bit must survive every round */
+		{ "hot", T_ANON, 0, 1, 0, NULL, opt(argc, argv, "--hot-anon-ro", 256), NULL },
+		{ "hot", T_FILE, 0, 0, 0, NULL, opt(argc, argv, "--hot-file", 256), NULL },
+		{ "hot", T_SHMEM, 1, 1, 0, NULL, opt(argc, argv, "--hot-shmem", 256), NULL },
+		{ "thp", T_ANON, 1, 1, 1, NULL, 512 * opt(argc, argv, "--thp", 2), NULL },
+		{ "cold", T_ANON, 1, 1, 0, NULL, opt(argc, argv, "--cold-anon", 4096), NULL },
 	};
 	const size_t nr = sizeof(r) / sizeof(r[0]), cold = nr - 1;
 	long period = (long)opt(argc, argv, "--cold-period", 5);
@@ -285,17 +289,18 @@ static int run(int argc, char **argv)
 		die("pagemap");
 
 	setup_anon(&r[0], 0);
-	setup_file(&r[1], sopt(argc, argv, "--file-dir", "/mnt/ramfs"));
-	setup_shmem(&r[2]);
-	setup_anon(&r[3], 1);
-	setup_anon(&r[4], 0);
+	setup_anon(&r[1], 0);
+	setup_file(&r[2], sopt(argc, argv, "--file-dir", "/mnt/ramfs"));
+	setup_shmem(&r[3]);
+	setup_anon(&r[4], 1);
+	setup_anon(&r[5], 0);
 	for (i = 0; i < nr; i++) {
 		touch(&r[i]);	/* fault everything in */
 		if (mlock(r[i].p, r[i].pages * PAGE))
 			die("mlock");	/* with compact_unevictable_allowed=0: frames stay put */
 		record(&r[i]);
 	}
-	bad = check_thp(&r[3]);
+	bad = check_thp(&r[4]);
 	if (bad)
 		printf("VTGT thp-bad %d\n", bad);
 	for (i = 0; i < nr; i++)
@@ -328,11 +333,14 @@ static int run(int argc, char **argv)
 	return sum == 0xdeadbeef;
 }
 
-/* Children that map, touch and exit at random moments, forever. */
+/*
+ * Children that map, touch and exit at random moments, forever. Each maps one 4 MiB memfd
+ * --size/4 times: many present PTEs (long to scan) for little memory, and keeps them young.
+ */
 static int churn(int argc, char **argv)
 {
-	size_t mib = opt(argc, argv, "--size", 16), len = mib << 20;
-	unsigned int max_ms = (unsigned int)opt(argc, argv, "--max-ms", 700);
+	size_t maps = opt(argc, argv, "--size", 256) / 4, len = 4UL << 20;
+	unsigned int max_ms = (unsigned int)opt(argc, argv, "--max-ms", 500);
 	unsigned int procs = (unsigned int)opt(argc, argv, "--procs", 3), live = 0;
 	unsigned long started = 0;
 
@@ -347,16 +355,23 @@ static int churn(int argc, char **argv)
 				die("fork");
 			if (pid == 0) {
 				struct timespec t0, t;
-				unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-							MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-				size_t i;
+				unsigned char **p = calloc(maps, sizeof(*p));
+				int fd = memfd_create("vtism-churn", 0);
+				size_t i, j;
 
-				if (p == MAP_FAILED)
+				if (!p || fd < 0 || ftruncate(fd, (off_t)len))
 					_exit(1);
+				for (i = 0; i < maps; i++) {
+					p[i] = mmap(NULL, len, PROT_READ | PROT_WRITE,
+						    MAP_SHARED | MAP_POPULATE, fd, 0);
+					if (p[i] == MAP_FAILED)
+						_exit(1);
+				}
 				clock_gettime(CLOCK_MONOTONIC, &t0);
 				do {
-					for (i = 0; i < len; i += PAGE)
-						p[i]++;
+					for (i = 0; i < maps; i++)
+						for (j = 0; j < len; j += PAGE)
+							sum += p[i][j];
 					clock_gettime(CLOCK_MONOTONIC, &t);
 				} while ((t.tv_sec - t0.tv_sec) * 1000 +
 					 (t.tv_nsec - t0.tv_nsec) / 1000000 < ms);
