@@ -133,14 +133,14 @@ check "discovery: both VMs picked up from the scan directory" \
 	wait_for 20 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print(len(json.load(sys.stdin)['vms']))\")\" = 2 ]"
 
 check "convergence: vm-a's hinted frames on node 0, the rest on node 2, quota 32 MiB held" \
-	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x1000+4096 0 2 32 120
+	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x1000+4096 0 2 32 120 max-rounds=25
 
 # A VM that starts later, with its vCPU on socket 1: its hot set goes to node 1.
 start_vm vm-d 64 1
 $H publish /dev/shm/vtism-vm-d.chan 0x800+2048 200 >"$OUT/publish-d.log" 2>&1 &
 PUB_D=$!
 check "late VM on socket 1: vm-d picked up, hot frames on node 1 (its home), rest on node 2" \
-	$H wait $W/vm-d.harness /dev/shm/vtism-vm-d.chan 0x800+2048 1 2 16 120
+	$H wait $W/vm-d.harness /dev/shm/vtism-vm-d.chan 0x800+2048 1 2 16 120 max-rounds=40
 
 # The hot set moves: 24 MiB new, quota 32 MiB (30 MiB after the reserve); old frames must make
 # room and the quota must hold at every sample while pages move.
@@ -148,7 +148,7 @@ $H quota $W/vm-a.sampler 0,1 32 25 >"$OUT/quota-a.log" 2>&1 &
 QUOTA=$!
 echo "0x4000+4096,0x6000+2048" >/dev/shm/vtism-vm-a.chan.spec
 check "hot-set change: the new 24 MiB set reaches node 0 within the quota" \
-	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x4000+4096,0x6000+2048 0 2 32 120 hot-only
+	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x4000+4096,0x6000+2048 0 2 32 120 hot-only max-rounds=60
 if wait $QUOTA; then pass "quota: $(tail -1 "$OUT/quota-a.log")"; else fail "quota: $(tail -2 "$OUT/quota-a.log" | tr '\n' ' ')"; fi
 
 # Hostile guest: every kind of bad round is rejected and counted; vm-a keep being served.
@@ -227,7 +227,7 @@ sleep 1
 check "daemon killed: vm-a's QEMU unaffected and its memory readable" $H placement $W/vm-a.harness
 start_daemon && pass "daemon killed: restarts over its stale control socket" || fail "daemon killed: restart failed"
 check "daemon killed: after restart vm-a's hot set reaches node 0 within 48 MiB" \
-	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x2000+6144 0 2 48 120 hot-only
+	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x2000+6144 0 2 48 120 hot-only max-rounds=60
 
 # Daemon CPU per round per GiB managed (steady state: hints every 200 ms, nothing to move).
 c1=$(status_json | python3 -c "import json,sys; d=json.load(sys.stdin)['daemon']; print(d['round_cpu_seconds'], d['rounds'], d['cpu_seconds'], d['managed_gib'])")

@@ -6,7 +6,7 @@
 //!   e2e-harness capture  <qmp-socket> <out-file>
 //!   e2e-harness publish  <channel> <gfn-spec> <interval-ms> [<seconds>]
 //!   e2e-harness hostile  <channel> <seconds> <ram-frames>
-//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s> [hot-only]
+//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s> [hot-only] [max-rounds=N]
 //!   e2e-harness quota    <qmp-socket> <fast-nodes> <quota-mib> <seconds>
 //!   e2e-harness placement <qmp-socket>
 //!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
@@ -140,6 +140,8 @@ fn hostile(chan: &str, seconds: u64, ram_frames: u64) -> R<()> {
     let mut phase = 0u64;
     while Instant::now() < end {
         let mut w = ChannelWriter::init(&region, Tracker::Harness)?;
+        // Keep round numbers moving across re-initialisations, so each bad round is new.
+        region.store_u64(off::ROUND, 100 + phase * 10)?;
         let good = |g| HintEntry::new(Gfn(g), 8, false, PageType::Anon, false, true);
         let meta = RoundMeta::default();
         match phase % 5 {
@@ -215,6 +217,7 @@ fn wait(
     quota_mib: u64,
     timeout_s: u64,
     strict: bool,
+    max_rounds: u64,
 ) -> R<()> {
     let hot = spans(hot)?;
     let mut q = connect(sock)?;
@@ -229,7 +232,7 @@ fn wait(
         if fast_pages * 4096 > quota_mib << 20 {
             return Err(format!(
                 "quota exceeded: {} MiB fast > {} MiB quota",
-                fast_pages * 4096 >> 20,
+                (fast_pages * 4096) >> 20,
                 quota_mib
             )
             .into());
@@ -251,10 +254,16 @@ fn wait(
             .count();
         if hot_ok == hot_total && (cold_bad == 0 || !strict) {
             let rounds = ack_round(chan).saturating_sub(start_round);
+            if rounds > max_rounds {
+                return Err(format!(
+                    "converged only after {rounds} guest rounds (bound {max_rounds})"
+                )
+                .into());
+            }
             println!(
                 "converged: {hot_ok} hot frames on node {fast}, {cold_bad} other frames off node {slow}, \
                  fast {} MiB <= quota {quota_mib} MiB, {:.1}s, {rounds} guest rounds, {samples} samples",
-                fast_pages * 4096 >> 20,
+                (fast_pages * 4096) >> 20,
                 t0.elapsed().as_secs_f64()
             );
             return Ok(());
@@ -392,15 +401,17 @@ fn main() {
     let s: Vec<&str> = a.iter().map(String::as_str).collect();
     let r = match s.as_slice() {
         ["capture", sock, out] => capture(sock, out),
-        ["publish", chan, spec, iv] => num(iv)
-            .map_err(Into::into)
-            .and_then(|iv| publish(chan, spec, iv, None)),
+        ["publish", chan, spec, iv] => num(iv).and_then(|iv| publish(chan, spec, iv, None)),
         ["publish", chan, spec, iv, secs] => (|| publish(chan, spec, num(iv)?, Some(num(secs)?)))(),
         ["hostile", chan, secs, frames] => (|| hostile(chan, num(secs)?, num(frames)?))(),
         ["wait", sock, chan, hot, f, sl, q, t, rest @ ..] => (|| {
             let strict = !rest.contains(&"hot-only");
+            let max_rounds = match rest.iter().find_map(|r| r.strip_prefix("max-rounds=")) {
+                Some(n) => num(n)?,
+                None => u64::MAX,
+            };
             let (f, sl) = (num(f)? as i32, num(sl)? as i32);
-            wait(sock, chan, hot, f, sl, num(q)?, num(t)?, strict)
+            wait(sock, chan, hot, f, sl, num(q)?, num(t)?, strict, max_rounds)
         })(),
         ["quota", sock, fast, q, secs] => (|| quota(sock, fast, num(q)?, num(secs)?))(),
         ["placement", sock] => print_placement(sock),

@@ -49,7 +49,9 @@ pub enum CtlCommand {
 }
 
 fn load_config(args: &HostArgs) -> anyhow::Result<(Config, Option<PathBuf>)> {
-    if !args.config.exists() && args.config == PathBuf::from("/etc/vtism/vtismd.toml") {
+    if !args.config.exists()
+        && args.config.as_path() == std::path::Path::new("/etc/vtism/vtismd.toml")
+    {
         return Ok((Config::default(), None));
     }
     let cfg = Config::load(&args.config)?;

@@ -354,7 +354,7 @@ impl Daemon {
         let cpu0 = sys::thread_cpu_seconds();
         self.totals.rounds += 1;
         self.serve_requests();
-        let scan_due = self.last_scan.map_or(true, |t| {
+        let scan_due = self.last_scan.is_none_or(|t| {
             t.elapsed() >= Duration::from_millis(self.cfg.discovery.scan_interval_ms)
         });
         if scan_due {

@@ -68,6 +68,19 @@ impl TokenBucket {
             Duration::from_secs_f64(-self.tokens / self.rate)
         }
     }
+    /// How long a `take(bytes)` now would have to wait, without taking.
+    pub fn wait_for(&mut self, bytes: u64, now: Instant) -> Duration {
+        if self.unlimited() {
+            return Duration::ZERO;
+        }
+        self.refill(now);
+        let left = self.tokens - bytes as f64;
+        if left >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-left / self.rate)
+        }
+    }
     pub fn set_rate(&mut self, mbps: u64, now: Instant) {
         self.refill(now);
         self.rate = mbps as f64 * 1e6;
@@ -148,6 +161,13 @@ impl Limits {
             .get_mut(&vm)
             .map_or(Duration::ZERO, |b| b[i].take(bytes, now));
         g.max(v)
+    }
+    /// True if a VM's own bucket would make a batch wait now (the global buckets are shared,
+    /// so waiting on them is fair to everyone).
+    pub fn vm_throttled(&mut self, vm: VmId, dir: Dir, bytes: u64, now: Instant) -> bool {
+        self.per_vm
+            .get_mut(&vm)
+            .is_some_and(|b| !b[dir as usize].wait_for(bytes, now).is_zero())
     }
     /// Bytes the global buckets allow over `window` from now: the plan budget. `None` when both
     /// directions are unlimited.
@@ -240,7 +260,8 @@ pub fn make_batches(
     pid_of: impl Fn(VmId) -> Option<i32>,
     hva_of: impl Fn(VmId, Gfn) -> Option<u64>,
 ) -> (Vec<Batch>, u64) {
-    let mut groups: BTreeMap<(VmId, NodeId, Dir), Vec<(Gfn, u64, NodeId)>> = BTreeMap::new();
+    type Key = (VmId, NodeId, Dir);
+    let mut groups: BTreeMap<Key, Vec<(Gfn, u64, NodeId)>> = BTreeMap::new();
     let mut order: Vec<(VmId, NodeId, Dir)> = Vec::new();
     let mut pids: HashMap<VmId, i32> = HashMap::new();
     let mut dropped = 0u64;
@@ -742,7 +763,19 @@ fn worker_loop(
                     }
                     return;
                 }
-                // Promotions first: they are what the VM is waiting for.
+                // Promotions first: they are what the VM is waiting for. A batch whose VM is
+                // over its own rate limit lets other VMs' batches go first.
+                if let Some(i) = pick_ready(&q, limits) {
+                    let np = q.promote.len();
+                    let wk = if i < np {
+                        q.promote.remove(i)
+                    } else {
+                        q.demote.remove(i - np)
+                    };
+                    if let Some(wk) = wk {
+                        break wk;
+                    }
+                }
                 if let Some(wk) = q.promote.pop_front() {
                     break wk;
                 }
@@ -780,6 +813,17 @@ fn worker_loop(
         let r = execute_batch(&work.batch, settings);
         work.done.finish(r);
     }
+}
+
+/// Index (promote queue first, then demote) of the first batch whose VM is not held back by its
+/// own rate limit.
+fn pick_ready(q: &Queues, limits: &Mutex<Limits>) -> Option<usize> {
+    let mut l = limits.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    q.promote.iter().chain(q.demote.iter()).position(|wk| {
+        let b = &wk.batch;
+        !l.vm_throttled(b.vm, b.dir, b.pages.len() as u64 * FRAME_SIZE, now)
+    })
 }
 
 /// Runs one batch: move_pages, then busy pages retried, then corrections for what did not move.
@@ -948,6 +992,39 @@ mod tests {
         let mut l2 = Limits::new(10, 10, t0);
         let b = l2.budget(Duration::from_secs(1), t0).unwrap();
         assert_eq!(b, 40_000_000);
+    }
+
+    #[test]
+    fn a_throttled_vm_does_not_hold_back_others() {
+        let t0 = Instant::now();
+        let limits = Mutex::new(Limits::new(0, 0, t0));
+        limits.lock().unwrap().set_vm(VmId(1), 1, 1, t0);
+        // VM 1 spends its burst.
+        let _ = limits
+            .lock()
+            .unwrap()
+            .take(VmId(1), Dir::Promote, 2_000_000, t0);
+        let done = Completion::new(2);
+        let work = |vm: u32| Work {
+            batch: Batch {
+                vm: VmId(vm),
+                pid: 1,
+                to: NodeId(0),
+                dir: Dir::Promote,
+                pages: vec![(Gfn(0), 0, NodeId(2)); 16],
+            },
+            done: done.clone(),
+        };
+        let mut q = Queues::default();
+        q.promote.push_back(work(1));
+        q.promote.push_back(work(2));
+        assert_eq!(pick_ready(&q, &limits), Some(1), "VM 2's batch goes first");
+        q.promote.remove(1);
+        assert_eq!(
+            pick_ready(&q, &limits),
+            None,
+            "only the throttled VM is left"
+        );
     }
 
     #[test]

@@ -36,8 +36,7 @@ pub fn peer_pid(sock: &UnixStream) -> io::Result<i32> {
         return Err(io::Error::last_os_error());
     }
     if cred.pid <= 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::Other,
+        return Err(io::Error::other(
             "SO_PEERCRED gave no pid (peer in another pid namespace?)",
         ));
     }

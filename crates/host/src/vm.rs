@@ -222,7 +222,7 @@ pub fn thread_cpus(pid: i32, tid: i32) -> (Option<Vec<u32>>, Option<u32>) {
         .and_then(|s| {
             s.lines()
                 .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .and_then(|v| crate::topology::parse_list(v))
+                .and_then(crate::topology::parse_list)
         });
     let last = std::fs::read_to_string(base.join("stat"))
         .ok()

@@ -1,0 +1,242 @@
+//! The whole daemon loop without privileges: a fake QEMU monitor (answers shaped like QEMU 7.2's)
+//! whose "guest RAM" is a buffer in this test process, a real channel file, the captured sysfs of
+//! the emulated host. Good rounds are accepted, hostile ones are counted, moves that the kernel
+//! refuses (node 2 does not exist on this machine) are survived, and a VM whose monitor goes away
+//! is dropped. Nothing here may panic.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use vtism_host::config::Config;
+use vtism_host::daemon::Daemon;
+use vtism_host::sys::FileMapping;
+use vtism_proto::layout::off;
+use vtism_proto::{ChannelWriter, Gfn, HintEntry, PageType, RoundMeta, SharedRegion, Tracker};
+
+const RAM_FRAMES: u64 = 1024;
+
+fn answer(cmd: &Value, chan: &Path, hva: u64) -> Value {
+    let args = &cmd["arguments"];
+    match cmd["execute"].as_str().unwrap_or("") {
+        "qmp_capabilities" => json!({}),
+        "query-name" => json!({"name": "fake"}),
+        "query-status" => json!({"status": "running", "running": true}),
+        "qom-list" if args["path"] == "/machine/peripheral" => {
+            json!([{"name": "type", "type": "string"}, {"name": "vtism0", "type": "child<ivshmem-plain>"}])
+        }
+        "qom-list" => json!([{"name": "type", "type": "string"}]),
+        "qom-get" => match args["property"].as_str().unwrap_or("") {
+            "memdev" => json!("/objects/vtism-chan"),
+            "mem-path" => json!(chan.to_string_lossy()),
+            "size" => json!(1 << 20),
+            _ => json!({"error": {"class": "GenericError", "desc": "no such property"}}),
+        },
+        "query-memdev" => json!([{"id": "ram0", "size": RAM_FRAMES * 4096}, {"id": "vtism-chan"}]),
+        "query-cpus-fast" => json!([{"thread-id": 1, "cpu-index": 0}]),
+        "human-monitor-command" => {
+            let c = args["command-line"].as_str().unwrap_or("");
+            if c == "info mtree -f" {
+                json!(format!(
+                    "FlatView #0\r\n AS \"memory\", root: system\r\n Root memory region: system\r\n  \
+                     0000000000000000-{:016x} (prio 0, ram): ram0\r\n  \
+                     00000000fe000000-00000000fe0fffff (prio 1, ram): vtism-chan\r\n",
+                    RAM_FRAMES * 4096 - 1
+                ))
+            } else if c.starts_with("gpa2hva 0x0") {
+                json!(format!(
+                    "Host virtual address for 0x0 (ram0) is {hva:#x}\r\n"
+                ))
+            } else {
+                json!("unknown command\r\n")
+            }
+        }
+        _ => json!({"error": {"class": "CommandNotFound", "desc": "nope"}}),
+    }
+}
+
+/// Serves one client at a time until `stop`; answers with `answer`.
+fn fake_qemu(
+    sock: PathBuf,
+    chan: PathBuf,
+    hva: u64,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let l = UnixListener::bind(&sock).unwrap();
+    l.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            let Ok((s, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            let _ = writeln!(
+                w,
+                r#"{{"QMP": {{"version": {{"qemu": {{"micro": 0, "minor": 2, "major": 7}}, "package": ""}}, "capabilities": ["oob"]}}}}"#
+            );
+            let mut line = String::new();
+            while !stop.load(Ordering::SeqCst) {
+                match r.read_line(&mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                        let a = answer(&cmd, &chan, hva);
+                        let mut msg = if a.get("error").is_some() {
+                            a
+                        } else {
+                            json!({"return": a})
+                        };
+                        msg["id"] = cmd["id"].clone();
+                        let _ = writeln!(w, "{msg}");
+                        line.clear();
+                    }
+                    Err(_) => {} // timeout: check stop
+                }
+            }
+            // Dropping the stream is QEMU going away.
+        }
+        let _ = std::fs::remove_file(&sock);
+    })
+}
+
+fn vm_status(d: &Daemon) -> Option<Value> {
+    d.status()["vms"]
+        .as_array()
+        .and_then(|v| v.iter().find(|x| x["name"] == "fake").cloned())
+}
+
+#[test]
+fn daemon_rounds_against_a_fake_qemu() {
+    let dir = std::env::temp_dir().join(format!("vtism-daemon-loop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    let chan = dir.join("fake.chan");
+    std::fs::File::create(&chan)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    // "Guest RAM": a page-aligned buffer of this process, touched so its pages exist.
+    let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
+    let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = fake_qemu(dir.join("qmp/fake.qmp"), chan.clone(), hva, stop.clone());
+
+    let sysfs =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/emuhost-3node/sys");
+    let cfg = Config::parse(&format!(
+        r#"
+[daemon]
+interval_ms = 50
+control_socket = "{ctl}"
+metrics_listen = ""
+sysfs_root = "{sysfs}"
+[discovery]
+scan_dirs = ["{qmp}"]
+scan_interval_ms = 100
+refresh_interval_ms = 200
+retry_backoff_ms = 100
+[channel]
+entry_budget = 100
+max_entries = 100
+[[vm]]
+name = "fake"
+fast_quota_mib = 1
+"#,
+        ctl = dir.join("ctl.sock").display(),
+        sysfs = sysfs.display(),
+        qmp = dir.join("qmp").display(),
+    ))
+    .unwrap();
+    let mut d = Daemon::new(cfg, None).unwrap();
+
+    // The guest publishes 64 hot frames.
+    let map = FileMapping::open(&chan, 1 << 20).unwrap();
+    let region = map.region();
+    let mut w = ChannelWriter::init(&region, Tracker::Harness).unwrap();
+    let hot: Vec<HintEntry> = (0..64)
+        .map(|g| HintEntry::new(Gfn(g), 8, false, PageType::Anon, false, true))
+        .collect();
+    for _ in 0..10 {
+        w.publish(&hot, &RoundMeta::default()).unwrap();
+        d.round();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let v = vm_status(&d).expect("the fake VM is managed");
+    assert_eq!(v["ram_bytes"], RAM_FRAMES * 4096);
+    assert!(v["rounds_accepted"].as_u64().unwrap() >= 5, "{v}");
+    assert_eq!(v["channel_problem"], Value::Null);
+    assert_eq!(v["quota_bytes"], 1 << 20);
+    // The placement was learned from real move_pages queries on this process: every page is on
+    // a node of this machine (node 0 is in the fast tier of the fixture topology).
+    assert_eq!(v["unknown_bytes"], 0, "{v}");
+    assert!(v["reconcile_sweeps"].as_u64().unwrap() >= 1);
+    // Feedback carries the quota and the budget.
+    assert_eq!(region.load_u64(off::FAST_QUOTA_BYTES).unwrap(), 1 << 20);
+    assert_eq!(region.load_u64(off::ENTRY_BUDGET).unwrap(), 100);
+    assert!(region.load_u64(off::ACK_ROUND).unwrap() >= 5);
+
+    // Hostile rounds: out of range, garbage, a flood over max_entries.
+    let bad = vec![HintEntry::new(
+        Gfn(RAM_FRAMES + 5),
+        8,
+        false,
+        PageType::Anon,
+        false,
+        true,
+    )];
+    w.publish(&bad, &RoundMeta::default()).unwrap();
+    d.round();
+    let flood: Vec<u64> = (0..500)
+        .map(|g| HintEntry::new(Gfn(g % RAM_FRAMES), 1, false, PageType::Anon, false, true).0)
+        .collect();
+    let s = region.load_u64(off::SEQ).unwrap();
+    region.store_u64(off::SEQ, s + 1).unwrap();
+    region.store_words(4096, &flood).unwrap();
+    region.store_u64(off::COUNT, 500).unwrap();
+    region.store_u64(off::ROUND, 900).unwrap();
+    region.store_u64(off::SEQ, s + 2).unwrap();
+    d.round();
+    region.store_u64(off::MAGIC, 0x1234).unwrap();
+    region.store_u64(off::ROUND, 901).unwrap();
+    d.round();
+    // Random bytes all over the header.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for round in 0..50 {
+        for o in (0..4096).step_by(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if o < 0x800 {
+                region.store_u64(o, x).unwrap();
+            }
+        }
+        region.store_u64(off::SEQ, round * 2).unwrap();
+        d.round();
+    }
+    let v = vm_status(&d).unwrap();
+    let by = &v["rejected_by_reason"];
+    assert!(by["gfn_out_of_range"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert!(by["over_budget"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert!(by["bad_magic"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert!(region.load_u64(off::REJECTED_ROUNDS).unwrap() >= 3);
+
+    // The monitor goes away: the VM is dropped, the daemon carries on.
+    stop.store(true, Ordering::SeqCst);
+    server.join().unwrap();
+    for _ in 0..10 {
+        d.round();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(vm_status(&d).is_none(), "{}", d.status());
+    d.shutdown();
+    drop(ram);
+    let _ = std::fs::remove_dir_all(&dir);
+}
