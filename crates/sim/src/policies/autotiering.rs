@@ -143,3 +143,28 @@ impl Policy for AutoTiering {
         plan
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policies::testutil::*;
+
+    #[test]
+    fn reserve_serves_promotions_then_opm_exchanges_only_less_accessed_pages() {
+        let mut a = AutoTiering::new(512);
+        a.reserve = 1;
+        setup(&mut a, 6, 3, 2); // units 0, 1 fast; one free unit = the reserve
+                                // Scan windows: unit 1 accessed in every one, unit 0 in none; unit 4 and 5 faulting now.
+        for _ in 0..4 {
+            feed(&mut a, &[acc(1, 1, 0)], 0.0);
+            feed(&mut a, &[acc(0, 0, 0), acc(1, 0, 0)], 0.0);
+        }
+        assert_eq!(a.st[0].hist[1].count_ones(), 4);
+        feed(&mut a, &[acc(4, 1, 0), acc(5, 1, 0)], 1.0);
+        let (p, d) = moved(&plan(&mut a, 1.0));
+        // 4 takes the reserve at once; 5 (level 1) displaces unit 0 (level 0), never unit 1;
+        // kdemoted then refills the reserve, least accessed first.
+        assert_eq!(p, vec![4, 5]);
+        assert!(d.contains(&0) && d.len() == 2, "{d:?}");
+    }
+}

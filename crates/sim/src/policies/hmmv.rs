@@ -205,3 +205,55 @@ impl Policy for HmmV {
         plan
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policies::testutil::*;
+
+    fn hmmv() -> HmmV {
+        HmmV {
+            fpu: 512,
+            books: Vec::new(),
+            st: Vec::new(),
+            windows: 8,
+            max_level: 7,
+            read_weight: 1,
+            write_weight: 3,
+            pool: false,
+            fast_total_units: 2,
+        }
+    }
+
+    #[test]
+    fn eight_windows_then_hot_slow_units_swap_with_the_coldest_fast() {
+        let mut h = hmmv();
+        setup(&mut h, 4, 2, 2); // units 0, 1 fast
+        for w in 0..8 {
+            assert!(plan(&mut h, w as f64).is_empty());
+            // Unit 3 fully accessed every window, unit 0 a little, the rest never.
+            feed(
+                &mut h,
+                &[acc(3, 512, 0), acc(0, 10, 0), acc(1, 0, 0), acc(2, 0, 0)],
+                w as f64,
+            );
+        }
+        let (p, d) = moved(&plan(&mut h, 8.0));
+        assert_eq!((p, d), (vec![3], vec![1]));
+        // Unit 3 climbed the queue: levels 1, 2, 3 with DND 1, 2, 4 windows.
+        assert!(h.st[0].level[3] >= 3, "level {}", h.st[0].level[3]);
+        assert!(plan(&mut h, 9.0).is_empty());
+    }
+
+    #[test]
+    fn dnd_windows_count_as_accessed() {
+        let mut h = hmmv();
+        setup(&mut h, 2, 1, 0);
+        feed(&mut h, &[acc(0, 512, 0)], 0.0); // level 1, DND 1 window
+        assert_eq!((h.st[0].level[0], h.st[0].dnd[0]), (1, 1));
+        feed(&mut h, &[acc(0, 0, 0)], 1.0); // in DND: counted as accessed anyway
+        assert_eq!(h.st[0].reads[0], 1024);
+        feed(&mut h, &[acc(0, 0, 0)], 2.0); // bits cleared, not accessed: down a level
+        assert_eq!(h.st[0].level[0], 0);
+    }
+}

@@ -334,3 +334,60 @@ macro_rules! peer_common {
     };
 }
 pub(crate) use peer_common;
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use vtism_engine::{FrameAccess, Nanos, Observation, Plan, PlanContext, Policy, VmId, VmSpec};
+    use vtism_proto::{Gfn, PageType, RamMap};
+
+    pub const VM: VmId = VmId(1);
+
+    /// A VM of `units` 2 MiB units, `quota` of them fast; units `0..fast` start fast.
+    pub fn setup(p: &mut dyn Policy, units: u64, quota: u64, fast: u64) {
+        p.add_vm(VmSpec {
+            id: VM,
+            ram: RamMap::contiguous(units * 512),
+            fast_quota_bytes: quota * (2 << 20),
+            home_node: None,
+        })
+        .unwrap();
+        p.set_placement(VM, Gfn(0), units * 512, Some(super::SLOW))
+            .unwrap();
+        if fast > 0 {
+            p.set_placement(VM, Gfn(0), fast * 512, Some(super::FAST))
+                .unwrap();
+        }
+    }
+
+    pub fn acc(unit: u64, reads: u32, writes: u32) -> FrameAccess {
+        FrameAccess {
+            gfn: Gfn(unit * 512),
+            reads,
+            writes,
+            page_type: PageType::Anon,
+        }
+    }
+
+    pub fn feed(p: &mut dyn Policy, a: &[FrameAccess], t: f64) {
+        p.observe(VM, Observation::Accesses(a), Nanos((t * 1e9) as u64))
+            .unwrap();
+    }
+
+    pub fn plan(p: &mut dyn Policy, t: f64) -> Plan {
+        p.plan(&PlanContext::default(), Nanos((t * 1e9) as u64))
+    }
+
+    /// (promoted units, demoted units) of a plan.
+    pub fn moved(pl: &Plan) -> (Vec<u64>, Vec<u64>) {
+        let mut p = Vec::new();
+        let mut d = Vec::new();
+        for m in &pl.moves {
+            if m.to == super::FAST {
+                p.push(m.gfn.0 / 512)
+            } else {
+                d.push(m.gfn.0 / 512)
+            }
+        }
+        (p, d)
+    }
+}

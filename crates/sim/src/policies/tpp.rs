@@ -187,3 +187,55 @@ impl Policy for Tpp {
         plan
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policies::testutil::*;
+
+    #[test]
+    fn promotes_under_the_hot_threshold_and_reclaims_to_the_watermark() {
+        let mut t = Tpp::new(TppMode::Tiering, 512);
+        setup(&mut t, 200, 100, 100); // fast full
+                                      // Units 150 and 151 armed at t=0; 150 faults after 0.3 s, 151 after 1.5 s.
+        feed(&mut t, &[acc(150, 0, 0), acc(151, 0, 0)], 0.0);
+        feed(&mut t, &[acc(150, 1, 0)], 0.3);
+        feed(&mut t, &[acc(151, 1, 0)], 1.5);
+        let (p, d) = moved(&plan(&mut t, 1.5));
+        // No free fast memory: nothing can be promoted yet; kswapd frees 2x the 2% watermark.
+        assert!(p.is_empty());
+        assert_eq!(d.len(), 4);
+        // Four free units now, two of them above the high watermark (2% of 100 = 2 units).
+        feed(
+            &mut t,
+            &[
+                acc(150, 0, 0),
+                acc(151, 0, 0),
+                acc(152, 0, 0),
+                acc(153, 0, 0),
+            ],
+            2.0,
+        );
+        feed(&mut t, &[acc(152, 1, 0)], 2.2);
+        feed(&mut t, &[acc(153, 1, 0)], 2.25);
+        feed(&mut t, &[acc(150, 1, 0)], 2.3);
+        feed(&mut t, &[acc(151, 1, 0)], 3.5);
+        // The threshold grew by 1/8 s per second (candidates far under the rate limit).
+        assert!(t.threshold_s() > 1.0 && t.threshold_s() < 1.5);
+        let (p, d) = moved(&plan(&mut t, 3.5));
+        // Lowest latency first: 152 and 153 while free memory is above the high watermark, then
+        // 150 under the threshold; 151 (1.5 s) is not hot enough. kswapd refills afterwards.
+        assert_eq!(p, vec![152, 153, 150]);
+        assert_eq!(d.len(), 3);
+    }
+
+    #[test]
+    fn autonuma_only_fills_free_memory() {
+        let mut t = Tpp::new(TppMode::Locality, 512);
+        setup(&mut t, 10, 5, 4);
+        feed(&mut t, &[acc(7, 0, 0), acc(8, 0, 0)], 0.0);
+        feed(&mut t, &[acc(7, 1, 0), acc(8, 1, 0)], 5.0);
+        let (p, d) = moved(&plan(&mut t, 5.0));
+        assert_eq!((p.len(), d.len()), (1, 0));
+    }
+}
