@@ -305,7 +305,7 @@ class Monitor:
                    "%d hot frames (%d THP units), %d cold frames" % (
                        len(t.hot()), len(t.thp_heads), len(t.cold())))
         moved = [l for l in self.lines if l.startswith("VTGT end")]
-        self.check("frames-stable", moved and "moved=0 " in moved[0] + " ",
+        self.check("frames-stable", moved and "moved=0 thp_bad=0 " in moved[0] + " ",
                    moved[0] if moved else "workload did not report its end")
 
         # every round read is a valid v1.0 round of the module
@@ -415,13 +415,16 @@ class Monitor:
         sk_p = per_round("steady-start", "steady", "pmd_skipped")
         sk_n = per_round("noprune-start", "noprune", "pmd_skipped")
         tab_p = per_round("steady-start", "steady", "pmd_tables")
+        pud_p = per_round("steady-start", "steady", "pud_skipped")
+        pud_n = per_round("noprune-start", "noprune", "pud_skipped")
         self.check("prune-equivalent",
                    nop and min(x[1] for x in nop) >= 0.9 and min(x[2] for x in nop) >= 0.9 and
-                   sk_p > 0 and sk_n == 0 and 0 < vis_p < vis_n,
+                   sk_p > 0 and sk_n == 0 and pud_p > 0 and pud_n == 0 and 0 < vis_p < vis_n,
                    "full walk: P/R min %.3f/%.3f over %d rounds; per round, pruned vs full: "
-                   "PMD subtrees skipped %.1f of %.1f vs %.1f, PTEs visited %.0f vs %.0f" % (
+                   "PMD subtrees skipped %.1f of %.1f vs %.1f, PUD subtrees skipped %.1f vs %.1f, "
+                   "PTEs visited %.0f vs %.0f" % (
                        min((x[1] for x in nop), default=0), min((x[2] for x in nop), default=0),
-                       len(nop), sk_p, tab_p, sk_n, vis_p, vis_n))
+                       len(nop), sk_p, tab_p, sk_n, pud_p, pud_n, vis_p, vis_n))
         thr1 = self.pr(self.window("thr1", "thr1-end"))
         self.check("history-needed",
                    thr1 and max(x[3] for x in thr1) > len(t.cold()) // 4 and

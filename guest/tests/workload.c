@@ -10,7 +10,9 @@
  *
  * The hot set is touched continuously. The cold set is touched once every --cold-period
  * rounds of the module (read from sysfs), so in any single round some cold frames are young
- * and only the per-frame history over several rounds can tell them from the hot ones.
+ * and only the per-frame history over several rounds can tell them from the hot ones. It sits
+ * alone in a 1 GiB-aligned block (an idle PUD entry between touches); a second, idle cold
+ * set (touched at setup only) sits among the hot mappings (idle PMD entries).
  *
  * Ground-truth lines: "VTGT <class> <type> <dirty> <first-gfn> <frames>", class hot|cold,
  * type anon|file|shmem, dirty 0|1 (was the page ever written through this mapping: the
@@ -69,26 +71,30 @@ static uint64_t gfn_of(const void *addr)
 	return e & ((1ULL << 55) - 1);
 }
 
+/*
+ * Reserve address space inaccessible (PROT_NONE: not committed, never faulted), open an
+ * aligned part of it and keep the rest as a guard: nothing else can be mapped in the same
+ * aligned block, so e.g. a 1 GiB-aligned region has its PUD entry to itself.
+ */
 static void *map_aligned(size_t len, size_t align)
 {
-	unsigned char *p = mmap(NULL, len + align, PROT_READ | PROT_WRITE,
-				MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	unsigned char *p = mmap(NULL, len + 2 * align, PROT_NONE,
+				MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	uintptr_t a;
 
 	if (p == MAP_FAILED)
 		die("mmap");
 	a = ((uintptr_t)p + align - 1) & ~(align - 1);
-	if (a > (uintptr_t)p)
-		munmap(p, a - (uintptr_t)p);
-	munmap((void *)(a + len), (uintptr_t)p + len + align - (a + len));
+	if (mprotect((void *)a, len, PROT_READ | PROT_WRITE))
+		die("mprotect");
 	return (void *)a;
 }
 
-static void setup_anon(struct region *r, int thp)
+static void setup_anon(struct region *r, int thp, size_t align)
 {
 	size_t len = r->pages * PAGE;
 
-	r->p = map_aligned(len, thp ? HUGE : PAGE);
+	r->p = map_aligned(len, align);
 	/* THP is "always" in Debian's kernels: keep the 4 KiB sets 4 KiB, the THP set huge */
 	if (madvise(r->p, len, thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE))
 		die("madvise");
@@ -272,8 +278,10 @@ static int run(int argc, char **argv)
 		{ "hot", T_SHMEM, 1, 1, 0, NULL, opt(argc, argv, "--hot-shmem", 256), NULL },
 		{ "thp", T_ANON, 1, 1, 1, NULL, 512 * opt(argc, argv, "--thp", 2), NULL },
 		{ "cold", T_ANON, 1, 1, 0, NULL, opt(argc, argv, "--cold-anon", 4096), NULL },
+		/* touched at setup only, among the hot mappings: idle PMD subtrees */
+		{ "cold", T_ANON, 1, 1, 0, NULL, opt(argc, argv, "--idle-anon", 1024), NULL },
 	};
-	const size_t nr = sizeof(r) / sizeof(r[0]), cold = nr - 1;
+	const size_t nr = sizeof(r) / sizeof(r[0]), cold = 5;
 	long period = (long)opt(argc, argv, "--cold-period", 5);
 	const char *rounds_path = sopt(argc, argv, "--rounds-file",
 				       "/sys/kernel/vtism_guest/rounds");
@@ -288,12 +296,15 @@ static int run(int argc, char **argv)
 	if (pagemap_fd < 0)
 		die("pagemap");
 
-	setup_anon(&r[0], 0);
-	setup_anon(&r[1], 0);
+	setup_anon(&r[0], 0, PAGE);
+	setup_anon(&r[1], 0, PAGE);
 	setup_file(&r[2], sopt(argc, argv, "--file-dir", "/mnt/ramfs"));
 	setup_shmem(&r[3]);
-	setup_anon(&r[4], 1);
-	setup_anon(&r[5], 0);
+	setup_anon(&r[4], 1, HUGE);
+	/* next to the hot mappings (mmap goes top-down), before the 2 GiB reservation below */
+	setup_anon(&r[6], 0, HUGE);
+	/* alone in its 1 GiB: an idle PUD entry the scanner can skip whole */
+	setup_anon(&r[5], 0, 1UL << 30);
 	for (i = 0; i < nr; i++) {
 		touch(&r[i]);	/* fault everything in */
 		if (mlock(r[i].p, r[i].pages * PAGE))
@@ -328,7 +339,9 @@ static int run(int argc, char **argv)
 	}
 	for (i = 0; i < nr; i++)
 		m += moved(&r[i]);
-	printf("VTGT end moved=%zu cold_touches=%ld\n", m, cold_touches);
+	/* THPs must still be whole: the module never splits them */
+	printf("VTGT end moved=%zu thp_bad=%d cold_touches=%ld\n", m, check_thp(&r[4]),
+	       cold_touches);
 	fflush(stdout);
 	return sum == 0xdeadbeef;
 }
