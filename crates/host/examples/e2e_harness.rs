@@ -6,7 +6,9 @@
 //!   e2e-harness capture  <qmp-socket> <out-file>
 //!   e2e-harness publish  <channel> <gfn-spec> <interval-ms> [<seconds>]
 //!   e2e-harness hostile  <channel> <seconds> <ram-frames>
-//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s> [hot-only] [max-rounds=N]
+//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s> [hot-only] [max-rounds=N] [max-round=N]
+//!                        max-rounds bounds the guest rounds from the check's start, max-round the
+//!                        guest's round number (rounds since its publisher started)
 //!   e2e-harness quota    <qmp-socket> <fast-nodes> <quota-mib> <seconds>
 //!   e2e-harness placement <qmp-socket>
 //!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
@@ -218,6 +220,7 @@ fn wait(
     timeout_s: u64,
     strict: bool,
     max_rounds: u64,
+    max_round: u64,
 ) -> R<()> {
     let hot = spans(hot)?;
     let mut q = connect(sock)?;
@@ -253,16 +256,22 @@ fn wait(
             .filter(|(g, s)| !in_spans(&hot, *g) && *s != slow && *s >= 0)
             .count();
         if hot_ok == hot_total && (cold_bad == 0 || !strict) {
-            let rounds = ack_round(chan).saturating_sub(start_round);
+            let acked = ack_round(chan);
+            let rounds = acked.saturating_sub(start_round);
             if rounds > max_rounds {
                 return Err(format!(
                     "converged only after {rounds} guest rounds (bound {max_rounds})"
                 )
                 .into());
             }
+            if acked > max_round {
+                return Err(
+                    format!("converged only at guest round {acked} (bound {max_round})").into(),
+                );
+            }
             println!(
                 "converged: {hot_ok} hot frames on node {fast}, {cold_bad} other frames off node {slow}, \
-                 fast {} MiB <= quota {quota_mib} MiB, {:.1}s, {rounds} guest rounds, {samples} samples",
+                 fast {} MiB <= quota {quota_mib} MiB, {:.1}s, {rounds} guest rounds ({acked} since the guest started), {samples} samples",
                 (fast_pages * 4096) >> 20,
                 t0.elapsed().as_secs_f64()
             );
@@ -410,8 +419,23 @@ fn main() {
                 Some(n) => num(n)?,
                 None => u64::MAX,
             };
+            let max_round = match rest.iter().find_map(|r| r.strip_prefix("max-round=")) {
+                Some(n) => num(n)?,
+                None => u64::MAX,
+            };
             let (f, sl) = (num(f)? as i32, num(sl)? as i32);
-            wait(sock, chan, hot, f, sl, num(q)?, num(t)?, strict, max_rounds)
+            wait(
+                sock,
+                chan,
+                hot,
+                f,
+                sl,
+                num(q)?,
+                num(t)?,
+                strict,
+                max_rounds,
+                max_round,
+            )
         })(),
         ["quota", sock, fast, q, secs] => (|| quota(sock, fast, num(q)?, num(secs)?))(),
         ["placement", sock] => print_placement(sock),
