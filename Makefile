@@ -5,7 +5,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 RELEASE_BIN := target/release/vtism
 
-.PHONY: all deps deps-test deps-demo build build-release demo test test-rust test-c lint bench fuzz clean help
+.PHONY: all deps deps-test deps-demo build build-release demo test test-rust test-c test-module \
+	test-guest-e2e test-host-e2e lint bench fuzz clean help
 
 all: build
 
@@ -32,7 +33,7 @@ demo: deps-demo build-release
 	@echo "== vtism demo: the engine on a synthetic GUPS guest, through a real channel (takes seconds)"
 	$(RELEASE_BIN) demo
 
-test: deps-test lint test-rust test-c
+test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e
 	@echo "make test: all passed"
 
 lint:
@@ -44,6 +45,18 @@ test-rust:
 
 test-c:
 	$(MAKE) -C tests/c check
+
+# vtism_guest.ko against Debian's 6.1 and 6.12 headers (fetched by scripts/guest-kernels.sh).
+test-module:
+	$(MAKE) -C guest/module all-kernels
+
+# The guest tracker in TCG guests (6.1 and 6.12): precision/recall of the reported hot set.
+test-guest-e2e:
+	guest/tests/run-e2e.sh
+
+# vtismd in an emulated 3-node host managing nested QEMUs.
+test-host-e2e:
+	tests/host-e2e/run.sh
 
 bench:
 	$(CARGO) bench --workspace

@@ -3,7 +3,7 @@
 # and a check that the Rust toolchain is new enough. Safe to run again and again.
 #
 # Usage: scripts/install-deps.sh [base|test|demo]   (default: base)
-#   base  compilers and libraries for the workspace and the C vector test
+#   base  compilers for the workspace and the C vector test
 #   test  base + what `make test` needs
 #   demo  base + what `make demo` needs
 set -euo pipefail
@@ -15,10 +15,13 @@ case $profile in base | test | demo) ;; *)
 	;;
 esac
 
-base=(build-essential pkg-config libjansson-dev)
+base=(build-essential pkg-config)
 extra=()
 case $profile in
-test) extra=() ;;
+# QEMU and busybox for the emulated hosts and guests, cpio for their initramfs, libc6-dev for
+# static test programs, file/kmod/python3 for the guest e2e harness. Kernel headers and images
+# come from scripts/guest-kernels.sh, which the tests call.
+test) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3) ;;
 demo) extra=() ;;
 esac
 want=("${base[@]}" "${extra[@]}")
