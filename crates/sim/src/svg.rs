@@ -221,25 +221,33 @@ impl Heatmap<'_> {
         let cw = pw / nc as f64;
         let rh = ph / nr as f64;
         let (hr, hg, hb) = self.hot;
-        for (c, col) in self.cols.iter().enumerate() {
-            for (r, &v) in col.iter().enumerate() {
-                // sqrt ramp so a 10x colder bucket is still visible.
-                let f = ((v / max) as f64).sqrt();
-                if f < 0.01 {
-                    continue;
+        // Colour levels (sqrt ramp so a 10x colder bucket is still visible), quantised so runs
+        // of equal cells along time become one rectangle.
+        let level = |v: f32| (((v / max) as f64).sqrt() * 32.0).round() as u32;
+        for r in 0..nr {
+            let mut c = 0;
+            while c < nc {
+                let l = self.cols[c].get(r).map_or(0, |&v| level(v));
+                let mut e = c + 1;
+                while e < nc && self.cols[e].get(r).map_or(0, |&v| level(v)) == l {
+                    e += 1;
                 }
-                let mix = |a: u8| (255.0 - (255.0 - a as f64) * f) as u8;
-                let _ = writeln!(
-                    s,
-                    r#"<rect x="{:.2}" y="{:.2}" width="{:.2}" height="{:.2}" fill="rgb({},{},{})"/>"#,
-                    ml + c as f64 * cw,
-                    mt + ph - (r + 1) as f64 * rh,
-                    cw + 0.3,
-                    rh + 0.3,
-                    mix(hr),
-                    mix(hg),
-                    mix(hb)
-                );
+                if l > 0 {
+                    let f = l as f64 / 32.0;
+                    let mix = |a: u8| (255.0 - (255.0 - a as f64) * f) as u8;
+                    let _ = writeln!(
+                        s,
+                        r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="rgb({},{},{})"/>"#,
+                        ml + c as f64 * cw,
+                        mt + ph - (r + 1) as f64 * rh,
+                        (e - c) as f64 * cw + 0.3,
+                        rh + 0.3,
+                        mix(hr),
+                        mix(hg),
+                        mix(hb)
+                    );
+                }
+                c = e;
             }
         }
         let _ = writeln!(
