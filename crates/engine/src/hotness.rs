@@ -228,6 +228,12 @@ impl Tables {
         Some(((rel + self.q as u64 * round) % RING as u64) as usize)
     }
 
+    /// Ring slot of a frame hinted in round `round` (age 0: its level is that of its score).
+    #[inline(always)]
+    pub fn ring_slot_fresh(&self, s: FrameState, round: u64) -> usize {
+        ((self.logq[s.score() as usize] as u64 + self.q as u64 * round) % RING as u64) as usize
+    }
+
     /// Apply one hint to a frame at `round`. Duplicates in the same round merge: the larger
     /// degree wins, the page type is the first known one.
     #[inline(always)]
@@ -388,6 +394,7 @@ mod tests {
         let mut s = FrameState::NEW;
         t.hint(&mut s, 5, 8, true, PageType::Anon);
         let slot = t.ring_slot(s, 5).unwrap();
+        assert_eq!(t.ring_slot_fresh(s, 5), slot);
         for now in 5..40u64 {
             match t.ring_slot(s, now) {
                 Some(k) => assert_eq!(k, slot, "round {now}"),

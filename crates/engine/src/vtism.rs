@@ -158,7 +158,8 @@ impl VmState {
         let fast = self.is_fast[node as usize & (NODES - 1)] as usize * 2;
         let file = |s: FrameState| (s.page_type() == PageType::File) as usize;
         let k0 = t.ring_slot(before, self.round).unwrap_or(COLD);
-        let k1 = t.ring_slot(after, self.round).unwrap_or(COLD);
+        // A hinted frame has age 0 and a score of at least 1: always live, level of its score.
+        let k1 = t.ring_slot_fresh(after, self.round);
         let (c0, c1) = (fast + file(before), fast + file(after));
         debug_assert!(
             self.hist[k0][c0] > 0,
