@@ -180,7 +180,7 @@ check "ctl status: table lists vm-a" bash -c "$BIN ctl --socket $W/ctl.sock stat
 check "metrics: per-VM, per-node and daemon CPU series" bash -c "$H get $METRICS /metrics | grep -c -E '^(vtism_vm_resident_bytes|vtism_node_vm_resident_bytes|vtism_process_cpu_seconds_total|vtism_mover_queue_depth|vtism_vm_hot_set_bytes)' | grep -qv '^0$' && echo ok"
 
 # SIGHUP reload: a new quota for vm-a.
-write_config 48 8
+write_config 48 2
 kill -HUP "$(cat $W/vtismd.pid)"
 check "SIGHUP: vm-a's quota becomes 48 MiB" wait_for 10 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print([v['quota_bytes'] for v in json.load(sys.stdin)['vms'] if v['name']=='vm-a'][0])\")\" = $((48 << 20)) ]"
 fb=$(python3 -c "
@@ -222,10 +222,10 @@ else
 fi
 
 # Kill the daemon itself in the middle of a migration, then restart it.
-# (vm-a is limited to 8 MB/s since the reload: 24 MiB take about 3 s.)
+# (vm-a is limited to 2 MB/s since the reload: 24 MiB take about 12 s.) Kill as soon as the
+# mover is busy with the new hot set.
 echo "0x2000+6144" >/dev/shm/vtism-vm-a.chan.spec
-wait_for 20 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print([v['last_round_entries'] for v in json.load(sys.stdin)['vms'] if v['name']=='vm-a'][0])\")\" = 6144 ]"
-sleep 1
+wait_for 30 bash -c "$H get $METRICS /metrics | grep -q '^vtism_mover_busy 1'"
 kill -9 "$(cat $W/vtismd.pid)"
 if $H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x2000+6144 0 2 48 0 hot-only >/dev/null 2>&1; then
 	fail "daemon killed: the migration had already finished (test would prove nothing)"

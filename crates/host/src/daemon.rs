@@ -59,6 +59,8 @@ struct ManagedVm {
     outcomes: BTreeMap<PageOutcome, u64>,
     corrections: u64,
     reconciled_changes: u64,
+    /// Promotions dropped because the demotions they waited for fell short.
+    trimmed_frames: u64,
 }
 
 /// Counters kept across reloads.
@@ -519,6 +521,7 @@ impl Daemon {
             outcomes: BTreeMap::new(),
             corrections: 0,
             reconciled_changes: 0,
+            trimmed_frames: 0,
         };
         self.write_feedback(&mut v);
         self.vms.insert(id, v);
@@ -530,8 +533,14 @@ impl Daemon {
         info: &VmInfo,
         entry: Option<&crate::config::VmConfig>,
     ) -> (Option<Channel>, Option<String>) {
+        // A path from the operator's configuration is trusted; one reported by QEMU must be a
+        // file QEMU's own user owns.
+        let mut owner = Some(info.uid);
         let path = match entry.and_then(|e| e.channel.clone()) {
-            Some(p) => p,
+            Some(p) => {
+                owner = None;
+                p
+            }
             None => match vm::pick_channel(&info.ivshmem, &self.cfg.channel.device_prefix) {
                 Some(d) => match &d.mem_path {
                     Some(p) => p.clone(),
@@ -557,7 +566,7 @@ impl Daemon {
                 }
             },
         };
-        match FileMapping::open(&path, self.cfg.channel.max_region_mib << 20) {
+        match FileMapping::open_owned_by(&path, self.cfg.channel.max_region_mib << 20, owner) {
             Ok(map) => {
                 let region = map.region();
                 (
@@ -726,6 +735,12 @@ impl Daemon {
                                 Ok(_) => {}
                                 Err(e) => warn!(vm = %v.name, error = %e, "observe"),
                             }
+                            // Hinted frames whose node the engine does not know yet (first
+                            // touched after the last sweep) are looked up now, so they can be
+                            // planned this round rather than after the next sweep.
+                            if !self.mover.busy() {
+                                self.learn_hinted(&v, &round.entries);
+                            }
                             v.reader.recycle(round);
                         }
                         Ok(None) => {}
@@ -741,6 +756,31 @@ impl Daemon {
             }
             self.write_feedback(&mut v);
             self.vms.insert(id, v);
+        }
+    }
+
+    fn learn_hinted(&mut self, v: &ManagedVm, entries: &[vtism_proto::HintEntry]) {
+        const MAX: usize = 65536;
+        let mut gfns = Vec::new();
+        let mut addrs = Vec::new();
+        'outer: for e in entries {
+            for i in 0..e.frames() {
+                let g = Gfn(e.gfn().0 + i);
+                if matches!(self.engine.frame_node(v.id, g), Ok(None)) {
+                    if let Some(a) = v.memory.hva(g) {
+                        gfns.push(g);
+                        addrs.push(a);
+                        if gfns.len() >= MAX {
+                            break 'outer;
+                        }
+                    }
+                }
+            }
+        }
+        if !gfns.is_empty() {
+            if let Err(e) = query_and_learn(&mut self.engine, &self.topo, v, &gfns, &addrs) {
+                debug!(vm = %v.name, error = %e, "placement query of hinted frames failed");
+            }
         }
     }
 
@@ -795,47 +835,13 @@ impl Daemon {
                         }
                     }
                 }
-                let mut status = vec![0i32; addrs.len()];
-                match sys::move_pages(v.pid, &addrs, None, &mut status, 0) {
-                    Ok(_) => {}
+                match query_and_learn(&mut self.engine, &self.topo, v, &gfns, &addrs) {
+                    Ok(c) => changes += c,
                     Err(e) => {
                         debug!(vm = %v.name, error = %e, "placement query failed");
                         break;
                     }
                 }
-                // Runs of consecutive frames in one RAM range with the same new node.
-                let mut run: Option<(Gfn, u64, Option<NodeId>)> = None;
-                let flush = |run: &mut Option<(Gfn, u64, Option<NodeId>)>,
-                             engine: &mut VtismPolicy| {
-                    if let Some((g, n, node)) = run.take() {
-                        let _ = engine.set_placement(v.id, g, n, node);
-                    }
-                };
-                for (k, &g) in gfns.iter().enumerate() {
-                    let st = status[k];
-                    let node =
-                        (st >= 0 && self.topo.node(st as u8).is_some()).then_some(NodeId(st as u8));
-                    let believed = self.engine.frame_node(v.id, g).ok().flatten();
-                    if believed == node {
-                        flush(&mut run, &mut self.engine);
-                        continue;
-                    }
-                    changes += 1;
-                    match &mut run {
-                        Some((rg, rn, rnode))
-                            if *rnode == node
-                                && rg.0 + *rn == g.0
-                                && v.memory.ram.contains_span(*rg, *rn + 1) =>
-                        {
-                            *rn += 1
-                        }
-                        _ => {
-                            flush(&mut run, &mut self.engine);
-                            run = Some((g, 1, node));
-                        }
-                    }
-                }
-                flush(&mut run, &mut self.engine);
                 v.cursor = (start + n) % total;
                 if v.cursor == 0 {
                     v.full_sweeps += 1;
@@ -897,9 +903,7 @@ impl Daemon {
                 for (o, c) in &st.pages_by_outcome {
                     *v.outcomes.entry(*o).or_default() += c;
                 }
-                if st.trimmed_frames > 0 {
-                    *v.outcomes.entry(PageOutcome::Failed).or_default() += 0;
-                }
+                v.trimmed_frames += st.trimmed_frames;
             }
         }
         // Frames that did not end where the plan said: tell the engine, in runs.
@@ -1012,6 +1016,17 @@ impl Daemon {
                 "vtism_vm_moved_bytes_total",
                 &[("vm", name), ("dir", "demote")],
                 v.demoted_bytes as f64,
+            );
+            fam(
+                &mut e,
+                "vtism_vm_promotions_skipped_frames_total",
+                "counter",
+                "Promotions dropped because the demotions before them fell short (quota kept).",
+            );
+            e.sample(
+                "vtism_vm_promotions_skipped_frames_total",
+                &l,
+                v.trimmed_frames as f64,
             );
             fam(
                 &mut e,
@@ -1229,6 +1244,17 @@ impl Daemon {
             "Non-empty plans handed to the mover.",
         );
         e.sample("vtism_plans_total", &[], self.totals.plans as f64);
+        fam(
+            &mut e,
+            "vtism_mover_busy",
+            "gauge",
+            "1 while a plan is being executed.",
+        );
+        e.sample(
+            "vtism_mover_busy",
+            &[],
+            f64::from(u8::from(self.mover.busy())),
+        );
         fam(&mut e, "vtism_vms", "gauge", "VMs managed.");
         e.sample("vtism_vms", &[], self.vms.len() as f64);
         fam(
@@ -1280,6 +1306,52 @@ impl Daemon {
             .map(|s| s.status.clone())
             .unwrap_or_default()
     }
+}
+
+/// Queries where `gfns` (at `addrs` in QEMU) are and tells the engine what differs from its
+/// belief, in runs. Returns the number of frames whose placement changed.
+fn query_and_learn(
+    engine: &mut VtismPolicy,
+    topo: &HostTopology,
+    v: &ManagedVm,
+    gfns: &[Gfn],
+    addrs: &[u64],
+) -> std::io::Result<u64> {
+    let mut status = vec![0i32; addrs.len()];
+    sys::move_pages(v.pid, addrs, None, &mut status, 0)?;
+    let mut changes = 0u64;
+    // Runs of consecutive frames in one RAM range with the same new node.
+    let mut run: Option<(Gfn, u64, Option<NodeId>)> = None;
+    let flush = |run: &mut Option<(Gfn, u64, Option<NodeId>)>, engine: &mut VtismPolicy| {
+        if let Some((g, n, node)) = run.take() {
+            let _ = engine.set_placement(v.id, g, n, node);
+        }
+    };
+    for (k, &g) in gfns.iter().enumerate() {
+        let st = status[k];
+        let node = (st >= 0 && topo.node(st as u8).is_some()).then_some(NodeId(st as u8));
+        let believed = engine.frame_node(v.id, g).ok().flatten();
+        if believed == node {
+            flush(&mut run, engine);
+            continue;
+        }
+        changes += 1;
+        match &mut run {
+            Some((rg, rn, rnode))
+                if *rnode == node
+                    && rg.0 + *rn == g.0
+                    && v.memory.ram.contains_span(*rg, *rn + 1) =>
+            {
+                *rn += 1
+            }
+            _ => {
+                flush(&mut run, engine);
+                run = Some((g, 1, node));
+            }
+        }
+    }
+    flush(&mut run, engine);
+    Ok(changes)
 }
 
 /// Sockets under `dir` (up to `depth` levels) that look like QMP monitors for vtismd.

@@ -69,6 +69,8 @@ pub struct Qmp {
     next_id: u64,
     timeout: Duration,
     pub pid: i32,
+    /// The QEMU process's uid (SO_PEERCRED).
+    pub uid: u32,
     /// `qemu` version triple from the greeting.
     pub version: (u64, u64, u64),
     /// When set, every line sent (`-> `) and received (`<- `) is appended: fixture capture.
@@ -94,7 +96,7 @@ impl Qmp {
         timeout: Duration,
         record: bool,
     ) -> Result<Qmp, QmpError> {
-        let pid = crate::sys::peer_pid(&stream)?;
+        let (pid, uid) = crate::sys::peer_cred(&stream)?;
         stream.set_write_timeout(Some(timeout))?;
         let mut q = Qmp {
             stream,
@@ -103,6 +105,7 @@ impl Qmp {
             next_id: 1,
             timeout,
             pid,
+            uid,
             version: (0, 0, 0),
             transcript: record.then(Vec::new),
             eof: false,

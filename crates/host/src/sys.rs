@@ -5,6 +5,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
@@ -14,8 +15,13 @@ pub const MPOL_MF_MOVE: i32 = 1 << 1;
 /// `MPOL_MF_MOVE_ALL`: also pages shared with other processes (needs CAP_SYS_NICE).
 pub const MPOL_MF_MOVE_ALL: i32 = 1 << 2;
 
-/// Credentials of the peer of a connected Unix socket (SO_PEERCRED): the QEMU pid.
+/// Pid of the peer of a connected Unix socket (SO_PEERCRED): the QEMU pid.
 pub fn peer_pid(sock: &UnixStream) -> io::Result<i32> {
+    peer_cred(sock).map(|(pid, _)| pid)
+}
+
+/// Pid and uid of the peer of a connected Unix socket (SO_PEERCRED).
+pub fn peer_cred(sock: &UnixStream) -> io::Result<(i32, u32)> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -40,7 +46,7 @@ pub fn peer_pid(sock: &UnixStream) -> io::Result<i32> {
             "SO_PEERCRED gave no pid (peer in another pid namespace?)",
         ));
     }
-    Ok(cred.pid)
+    Ok((cred.pid, cred.uid))
 }
 
 /// move_pages(2) on another process. `nodes = None` only queries where the pages are.
@@ -191,9 +197,18 @@ impl FileMapping {
     /// Maps `path` shared read-write. The size is the file's size now, rounded down to 8 bytes
     /// and capped at `max_len`.
     pub fn open(path: &Path, max_len: u64) -> io::Result<FileMapping> {
+        Self::open_owned_by(path, max_len, None)
+    }
+
+    /// As `open`, but only a file owned by `owner` (the QEMU process's uid; a root QEMU may use
+    /// any): the path comes from QEMU, and a compromised QEMU must not make the daemon write into
+    /// a file its own user does not own.
+    pub fn open_owned_by(path: &Path, max_len: u64, owner: Option<u32>) -> io::Result<FileMapping> {
+        use std::os::unix::fs::MetadataExt;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC)
             .open(path)?;
         let meta = f.metadata()?;
         if !meta.file_type().is_file() {
@@ -201,6 +216,17 @@ impl FileMapping {
                 io::ErrorKind::InvalidInput,
                 "channel is not a regular file",
             ));
+        }
+        if let Some(uid) = owner {
+            if uid != 0 && meta.uid() != uid {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "channel file is owned by uid {}, QEMU runs as uid {uid}",
+                        meta.uid()
+                    ),
+                ));
+            }
         }
         let len = (meta.len().min(max_len) & !7) as usize;
         if len < 4096 {
@@ -284,5 +310,44 @@ pub mod signals {
     }
     pub fn term() -> bool {
         TERM.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn channel_file_must_belong_to_qemus_user() {
+        let p = std::env::temp_dir().join(format!("vtism-owner-{}.chan", std::process::id()));
+        std::fs::File::create(&p).unwrap().set_len(8192).unwrap();
+        let mine = std::fs::metadata(&p).unwrap().uid();
+        let other = if mine == 4242 { 4243 } else { 4242 };
+        let e = FileMapping::open_owned_by(&p, 1 << 20, Some(other))
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        let m = FileMapping::open_owned_by(&p, 1 << 20, Some(mine)).unwrap();
+        assert_eq!(m.len(), 8192);
+        // A root QEMU may name any file; no owner check for paths from the configuration.
+        assert!(FileMapping::open_owned_by(&p, 1 << 20, Some(0)).is_ok());
+        assert_eq!(FileMapping::open(&p, 4096).unwrap().len(), 4096);
+        std::fs::File::create(&p).unwrap().set_len(100).unwrap();
+        assert!(
+            FileMapping::open(&p, 1 << 20).is_err(),
+            "smaller than a header page"
+        );
+        let _ = std::fs::remove_file(&p);
+        assert!(FileMapping::open(Path::new("/proc/self/status"), 1 << 20).is_err());
+    }
+
+    #[test]
+    fn peer_credentials_of_a_socketpair() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let (pid, _uid) = peer_cred(&a).unwrap();
+        assert_eq!(pid, std::process::id() as i32);
+        assert!(process_alive(pid));
+        assert!(process_cpu_seconds() >= 0.0);
     }
 }

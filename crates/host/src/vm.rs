@@ -44,6 +44,7 @@ pub struct IvshmemDevice {
 pub struct VmInfo {
     pub name: String,
     pub pid: i32,
+    pub uid: u32,
     pub qemu_version: (u64, u64, u64),
     pub status: String,
     pub memory: GuestMemory,
@@ -203,6 +204,7 @@ pub fn inspect(q: &mut Qmp) -> Result<VmInfo, InspectError> {
     Ok(VmInfo {
         name,
         pid: q.pid,
+        uid: q.uid,
         qemu_version: q.version,
         status,
         memory,
