@@ -13,6 +13,49 @@ use crate::model::MemoryModel;
 use crate::trace::TraceWriter;
 use crate::workload::{Profile, VmWorkload};
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Per-unit access counts accumulated lazily: while the profile stays the same only the VM's
+/// total is added up, and spread over the units when the profile changes or the counts are read.
+#[derive(Default)]
+pub struct LazyCounts {
+    pub acc: Vec<f32>,
+    pub wacc: Vec<f32>,
+    pending: Option<(Arc<Profile>, f64)>,
+}
+
+impl LazyCounts {
+    pub fn new(units: usize) -> Self {
+        LazyCounts {
+            acc: vec![0.0; units],
+            wacc: vec![0.0; units],
+            pending: None,
+        }
+    }
+    pub fn add(&mut self, p: &Arc<Profile>, n: f64) {
+        match &mut self.pending {
+            Some((q, m)) if Arc::ptr_eq(q, p) => *m += n,
+            _ => {
+                self.flush();
+                self.pending = Some((p.clone(), n));
+            }
+        }
+    }
+    /// Spreads the pending total; after this `acc` and `wacc` are exact.
+    pub fn flush(&mut self) {
+        if let Some((p, n)) = self.pending.take() {
+            for u in 0..self.acc.len() {
+                self.acc[u] += (p.share(u) * n) as f32;
+                self.wacc[u] += (p.write[u] as f64 * n) as f32;
+            }
+        }
+    }
+    pub fn clear(&mut self) {
+        self.pending = None;
+        self.acc.iter_mut().for_each(|x| *x = 0.0);
+        self.wacc.iter_mut().for_each(|x| *x = 0.0);
+    }
+}
 use vtism_engine::synth::Rng;
 use vtism_engine::{FrameAccess, Nanos, Observation, Policy, VmId};
 use vtism_proto::{Gfn, HintEntry, PageType, FRAME_SIZE, HUGE_FRAMES};
@@ -21,7 +64,7 @@ use vtism_proto::{Gfn, HintEntry, PageType, FRAME_SIZE, HUGE_FRAMES};
 pub struct EpochView<'a> {
     pub vm: VmId,
     pub wl: &'a VmWorkload,
-    pub profile: &'a Profile,
+    pub profile: &'a Arc<Profile>,
     /// Accesses the VM made in this epoch.
     pub accesses: f64,
     pub t0: f64,
@@ -77,8 +120,7 @@ fn touched(acc: f64, fpu: u64) -> f64 {
 /// in the history window (8 rounds) with the number of rounds it was seen in.
 pub struct GuestScanner {
     next_scan: f64,
-    acc: Vec<f32>,
-    wacc: Vec<f32>,
+    counts: LazyCounts,
     /// Per unit, the touched fraction of the last `HISTORY` rounds, 0..=255 each.
     hist: Vec<[u8; HISTORY]>,
     head: usize,
@@ -97,8 +139,7 @@ impl GuestScanner {
     pub fn new(units: usize) -> Self {
         GuestScanner {
             next_scan: 2.5,
-            acc: vec![0.0; units],
-            wacc: vec![0.0; units],
+            counts: LazyCounts::new(units),
             hist: vec![[0; HISTORY]; units],
             head: 0,
             k: 8.0,
@@ -124,24 +165,21 @@ impl GuestScanner {
 
 impl Tracker for GuestScanner {
     fn epoch(&mut self, v: &EpochView<'_>, policy: &mut dyn Policy) -> anyhow::Result<TrackCost> {
-        for i in 0..self.acc.len() {
-            self.acc[i] += (v.profile.share(i) * v.accesses) as f32;
-            self.wacc[i] += (v.profile.write[i] as f64 * v.accesses) as f32;
-        }
+        self.counts.add(v.profile, v.accesses);
         if v.t1 < self.next_scan - 1e-9 {
             return Ok(TrackCost::default());
         }
+        self.counts.flush();
         let fpu = v.fpu();
         let mut touched_frames = 0.0;
-        let mut writes_seen = vec![false; self.acc.len()];
+        let mut writes_seen = vec![false; self.hist.len()];
         for (i, ws) in writes_seen.iter_mut().enumerate() {
-            let a = touched(self.acc[i] as f64, fpu);
+            let a = touched(self.counts.acc[i] as f64, fpu);
             touched_frames += a * fpu as f64;
             self.hist[i][self.head] = (a * 255.0).round() as u8;
-            *ws = touched(self.wacc[i] as f64, fpu) >= 0.5;
-            self.acc[i] = 0.0;
-            self.wacc[i] = 0.0;
+            *ws = touched(self.counts.wacc[i] as f64, fpu) >= 0.5;
         }
+        self.counts.clear();
         let latest = self.head;
         self.head = (self.head + 1) % HISTORY;
         self.rounds += 1;
@@ -426,8 +464,7 @@ pub struct PmlScanner {
     window_end: f64,
     counter: u32,
     awaiting_feedback: bool,
-    acc: Vec<f32>,
-    wacc: Vec<f32>,
+    counts: LazyCounts,
     buf: Vec<FrameAccess>,
     pub tracking_secs: f64,
 }
@@ -443,8 +480,7 @@ impl PmlScanner {
             window_end: 0.0,
             counter: 0,
             awaiting_feedback: false,
-            acc: vec![0.0; units],
-            wacc: vec![0.0; units],
+            counts: LazyCounts::new(units),
             buf: Vec::new(),
             tracking_secs: 0.0,
         }
@@ -458,8 +494,7 @@ impl Tracker for PmlScanner {
             if self.counter == 0 {
                 self.on_until = v.t0 + self.mws * self.windows as f64;
                 self.window_end = v.t0 + self.mws;
-                self.acc.iter_mut().for_each(|x| *x = 0.0);
-                self.wacc.iter_mut().for_each(|x| *x = 0.0);
+                self.counts.clear();
                 self.awaiting_feedback = true;
             } else {
                 self.counter -= 1;
@@ -468,27 +503,25 @@ impl Tracker for PmlScanner {
         if v.t0 >= self.on_until - 1e-9 {
             return Ok(TrackCost::default());
         }
-        for u in 0..self.acc.len() {
-            self.acc[u] += (v.profile.share(u) * v.accesses) as f32;
-            self.wacc[u] += (v.profile.write[u] as f64 * v.accesses) as f32;
-        }
+        self.counts.add(v.profile, v.accesses);
         let on = v.t1.min(self.on_until) - v.t0;
         self.tracking_secs += on;
         while v.t1 >= self.window_end - 1e-9 && self.window_end <= self.on_until + 1e-9 {
             let fpu = v.fpu();
             self.buf.clear();
-            for u in 0..self.acc.len() {
-                let r = (touched(self.acc[u] as f64, fpu) * fpu as f64).round() as u32;
-                let w = (touched(self.wacc[u] as f64, fpu) * fpu as f64).round() as u32;
+            self.counts.flush();
+            for u in 0..self.counts.acc.len() {
+                let c = &self.counts;
+                let r = (touched(c.acc[u] as f64, fpu) * fpu as f64).round() as u32;
+                let w = (touched(c.wacc[u] as f64, fpu) * fpu as f64).round() as u32;
                 self.buf.push(FrameAccess {
                     gfn: v.gfn(u),
                     reads: r,
                     writes: w,
                     page_type: v.profile.ptype[u],
                 });
-                self.acc[u] = 0.0;
-                self.wacc[u] = 0.0;
             }
+            self.counts.clear();
             policy.observe(
                 v.vm,
                 Observation::Accesses(&self.buf),

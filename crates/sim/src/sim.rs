@@ -13,6 +13,7 @@ use crate::model::MemoryModel;
 use crate::workload::{Profile, VmWorkload};
 use serde::Serialize;
 use std::collections::VecDeque;
+use std::sync::Arc;
 use vtism_engine::{
     Move, MoveKind, Nanos, NodeId, NodeSpec, PlanContext, Policy, Tier, Topology, VmId, VmSpec,
 };
@@ -186,7 +187,9 @@ struct VmState {
     fast: Vec<u32>,
     fast_frames: u64,
     phase: u64,
-    profile: Profile,
+    profile: Arc<Profile>,
+    /// Placement or profile changed since `sums` was computed.
+    dirty: bool,
     pending_stall: f64,
     res: VmResult,
     queue: VecDeque<Move>,
@@ -333,7 +336,8 @@ pub fn run(
             fast_frames: fast.iter().map(|&f| f as u64).sum(),
             fast,
             phase,
-            profile: w.profile(phase, cfg.unit_bytes),
+            profile: Arc::new(w.profile(phase, cfg.unit_bytes)),
+            dirty: true,
             pending_stall: 0.0,
             res: VmResult {
                 name: w.name.clone(),
@@ -368,18 +372,22 @@ pub fn run(
             let ph = v.wl.phase(t0);
             if ph != v.phase {
                 v.phase = ph;
-                v.profile = v.wl.profile(ph, cfg.unit_bytes);
+                v.profile = Arc::new(v.wl.profile(ph, cfg.unit_bytes));
+                v.dirty = true;
             }
-            let mut s = [0.0f64; 4];
-            for u in 0..v.units {
-                let f = v.fast[u] as f64 / fpu as f64;
-                let (r, w) = (v.profile.read[u] as f64, v.profile.write[u] as f64);
-                s[0] += r * f;
-                s[1] += w * f;
-                s[2] += r * (1.0 - f);
-                s[3] += w * (1.0 - f);
+            if v.dirty {
+                let mut s = [0.0f64; 4];
+                for u in 0..v.units {
+                    let f = v.fast[u] as f64 / fpu as f64;
+                    let (r, w) = (v.profile.read[u] as f64, v.profile.write[u] as f64);
+                    s[0] += r * f;
+                    s[1] += w * f;
+                    s[2] += r * (1.0 - f);
+                    s[3] += w * (1.0 - f);
+                }
+                sums[k] = s;
+                v.dirty = false;
             }
-            sums[k] = s;
             let thread_ns = v.wl.concurrency * dt * 1e9;
             let st = v.pending_stall.min(0.95 * thread_ns);
             v.pending_stall -= st;
@@ -601,6 +609,7 @@ fn execute(
             continue;
         }
         budget -= secs;
+        v.dirty = true;
         for (u, k) in need {
             if to_fast {
                 v.fast[u] += k;
