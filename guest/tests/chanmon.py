@@ -384,8 +384,8 @@ class Monitor:
                 if f["interval_ms"] not in want:
                     bad.append((r, f["scan_us"], f["interval_ms"], want))
             self.check("adaptive-interval", n > 0 and not bad,
-                       "%d rounds match T=(%d*Ts+%d)*Ts+%d (floor %d ms with feedback); "
-                       "mismatches %s" % (n, k, kb, base, FEEDBACK_MIN_MS, bad[:3]))
+                       "%d rounds match T=(%d*Ts+%d)*Ts+%d capped at %d ms (floor %d ms with "
+                       "feedback); mismatches %s" % (n, k, kb, base, cap, FEEDBACK_MIN_MS, bad[:3]))
         else:
             self.check("adaptive-interval", False, "module parameters not reported")
 
