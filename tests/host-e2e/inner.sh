@@ -31,8 +31,14 @@ status_json() { ctl status --json 2>/dev/null; }
 vm_field() { # vm_field VM FIELD: a field of a VM in `vtism ctl status --json`
 	status_json | python3 -c "import json,sys; d=json.load(sys.stdin); v=[x for x in d['vms'] if x['name']=='$1']; print(v[0]['$2'] if v else 'absent')" 2>/dev/null || echo "absent"
 }
-metric() { # metric REGEX: sum of matching samples
-	$H get "$METRICS" /metrics 2>/dev/null | grep -E "$1" | awk '{s+=$NF} END {print s+0}'
+metric() { # metric REGEX: sum of matching samples (a failed scrape is retried, then reported)
+	local out i
+	for i in 1 2 3; do
+		out=$($H get "$METRICS" /metrics 2>&1) && echo "$out" | grep -q '^vtism_rounds_total' && break
+		echo "metric: scrape failed: $(echo "$out" | head -2)" >&2
+		sleep 1
+	done
+	echo "$out" | grep -E "$1" | awk '{s+=$NF} END {print s+0}'
 }
 wait_for() { # wait_for SECONDS COMMAND...: poll until the command succeeds
 	local t=$1

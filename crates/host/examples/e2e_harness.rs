@@ -397,7 +397,7 @@ fn bench(mib: u64, from: i32, to: i32, batches: &str) -> R<()> {
 fn get(addr: &str, path: &str) -> R<()> {
     let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n")?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
     let mut b = String::new();
     s.read_to_string(&mut b)?;
     let body = b.split_once("\r\n\r\n").map_or("", |x| x.1);

@@ -44,8 +44,20 @@ pub fn spawn_metrics(
                         let _ = s.set_nonblocking(false);
                         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                         let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+                        // Read the request head, which may come in several segments.
                         let mut buf = [0u8; 4096];
-                        let n = s.read(&mut buf).unwrap_or(0);
+                        let mut n = 0;
+                        while n < buf.len() {
+                            match s.read(&mut buf[n..]) {
+                                Ok(0) | Err(_) => break,
+                                Ok(k) => n += k,
+                            }
+                            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
+                                || buf[..n].windows(2).any(|w| w == b"\n\n")
+                            {
+                                break;
+                            }
+                        }
                         let req = String::from_utf8_lossy(&buf[..n]);
                         let path = req.split_whitespace().nth(1).unwrap_or("");
                         let (code, ctype, body) = if req.starts_with("GET ")
@@ -305,7 +317,11 @@ mod tests {
         assert!(e.to_string().contains("bad field"));
         t.join().unwrap();
         let mut s = std::net::TcpStream::connect(addr).unwrap();
-        write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        // The request head in two segments, as a slow client sends it.
+        s.write_all(b"GET /metr").unwrap();
+        s.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        s.write_all(b"ics HTTP/1.0\r\n\r\n").unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
