@@ -1,0 +1,288 @@
+//! The agent's loop: one DAMON aggregation per round, history, publication, adaptive pacing.
+
+use crate::damon::{Attrs, Kdamond};
+use crate::history::History;
+use crate::kpageflags::KpageFlags;
+use crate::{iomem, pci};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use vtism_proto::layout::{off, MAGIC};
+use vtism_proto::{ChannelWriter, MmapRegion, RoundMeta, SharedRegion, Tracker, WriterConfig};
+
+/// The adaptive interval, as the module computes it: T = (K·Ts + Kb)·Ts + Tbase ms with Ts the
+/// round's cost in ms, in integer arithmetic on µs, then capped by `max_ms` (0 = no cap).
+pub fn interval_ms(cost_us: u64, k: u64, kb: u64, base_ms: u64, max_ms: u64) -> u32 {
+    let us = u128::from(cost_us);
+    let t = (u128::from(k).saturating_mul(us).saturating_mul(us) / 1000)
+        .saturating_add(u128::from(kb).saturating_mul(us))
+        / 1000
+        + u128::from(base_ms);
+    let t = if max_ms > 0 {
+        t.min(u128::from(max_ms))
+    } else {
+        t
+    };
+    t.min(u128::from(u32::MAX)) as u32
+}
+
+/// DAMON attributes for a round of `t_ms`: the aggregation interval is the round, split into
+/// `samples` sampling intervals (at least 1 ms each); regions are re-split every aggregation.
+pub fn attrs_for(t_ms: u32, samples: u32, min_regions: u64, max_regions: u64) -> Attrs {
+    let aggr_us = u64::from(t_ms.max(1)) * 1000;
+    let sample_us = (aggr_us / u64::from(samples.max(1))).max(1000).min(aggr_us);
+    Attrs {
+        sample_us,
+        aggr_us,
+        update_us: aggr_us,
+        min_nr_regions: min_regions,
+        max_nr_regions: max_regions,
+    }
+}
+
+/// Everything the loop needs from the command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub channel: Option<PathBuf>,
+    pub pci_devices: PathBuf,
+    pub damon_root: PathBuf,
+    pub iomem: PathBuf,
+    pub kpageflags: PathBuf,
+    pub interval_k: u64,
+    pub interval_kb: u64,
+    pub interval_base_ms: u64,
+    pub interval_max_ms: u64,
+    pub samples: u32,
+    pub min_nr_regions: u64,
+    pub max_nr_regions: u64,
+    pub history_rounds: u32,
+    pub hot_threshold: u32,
+    pub min_accesses: u32,
+    pub max_entries: u64,
+    pub rounds: u64,
+    pub claim_any: bool,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signals() -> Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction with a handler that only stores to an atomic
+        // (async-signal-safe); no SA_RESTART, so a blocking sysfs write or sleep returns EINTR.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("sigaction");
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a region whose guest half is neither all zero nor a vtism channel, as the module
+/// does, so the agent never scribbles over an ivshmem region used for something else.
+fn check_claim(r: &MmapRegion) -> Result<()> {
+    if r.load_u64(off::MAGIC)? == MAGIC {
+        return Ok(());
+    }
+    for o in (0..off::GUEST_END).step_by(8) {
+        if r.load_u64(o)? != 0 {
+            bail!("the ivshmem region holds something that is not a vtism channel (--claim-any overrides)");
+        }
+    }
+    Ok(())
+}
+
+/// CPU time (user + system) of a thread, µs, from `/proc/<pid>/stat`.
+fn cpu_us(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // fields 14 and 15 of stat; `rest` starts at field 3
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    Some(ticks * 1_000_000 / hz)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn run(cfg: &Config) -> Result<()> {
+    let iomem_text = std::fs::read_to_string(&cfg.iomem)
+        .with_context(|| format!("reading {}", cfg.iomem.display()))?;
+    let ranges = iomem::system_ram(&iomem_text, 1 << 20);
+    if ranges.is_empty() {
+        bail!("no System RAM in {} (not root?)", cfg.iomem.display());
+    }
+    let tracked_bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    let flags = KpageFlags::open(&cfg.kpageflags)
+        .with_context(|| format!("opening {}", cfg.kpageflags.display()))?;
+
+    let bar = match &cfg.channel {
+        Some(p) => p.clone(),
+        None => {
+            let dev = pci::find_ivshmem(&cfg.pci_devices)?;
+            pci::enable(&dev)?;
+            dev.join("resource2")
+        }
+    };
+    let region = pci::map_bar(&bar)?;
+    if !cfg.claim_any {
+        check_claim(&region)?;
+    }
+    let mut w = ChannelWriter::init_with(
+        region,
+        WriterConfig {
+            tracker: Tracker::Damon,
+            region_size: None,
+            preserve_feedback: true,
+        },
+    )?;
+    tracing::info!(bar = %bar.display(), capacity = w.capacity(), "channel initialised");
+    install_signals()?;
+
+    let min_regions = cfg.min_nr_regions.max(ranges.len() as u64).max(3);
+    let max_regions = cfg.max_nr_regions.max(min_regions);
+    let mut t_ms = w.next_interval_ms(interval_ms(
+        0,
+        cfg.interval_k,
+        cfg.interval_kb,
+        cfg.interval_base_ms,
+        cfg.interval_max_ms,
+    ));
+    let mut attrs = attrs_for(t_ms, cfg.samples, min_regions, max_regions);
+    let mut kd = Kdamond::create(&cfg.damon_root, &ranges, &attrs)?;
+    let result = (|| -> Result<()> {
+        kd.start()?;
+        let pid = kd.pid();
+        tracing::info!(
+            kdamond = kd.index(),
+            ?pid,
+            ranges = ranges.len(),
+            "DAMON started"
+        );
+        let mut history = History::new(cfg.history_rounds, cfg.hot_threshold, cfg.min_accesses);
+        let mut cpu_last = pid.and_then(cpu_us).unwrap_or(0);
+        let mut rounds = 0u64;
+        while !STOP.load(Ordering::SeqCst) && (cfg.rounds == 0 || rounds < cfg.rounds) {
+            let regions = match kd.tried_regions() {
+                Ok(r) => r,
+                Err(_) if STOP.load(Ordering::SeqCst) => break,
+                Err(e) => return Err(e),
+            };
+            let t0 = Instant::now();
+            let out = history.round(&regions, &flags)?;
+            let mut entries = out.entries;
+            let mut overflow = false;
+            if cfg.max_entries > 0 && entries.len() as u64 > cfg.max_entries {
+                entries.truncate(cfg.max_entries as usize);
+                overflow = true;
+            }
+            let cpu_now = pid.and_then(cpu_us).unwrap_or(cpu_last);
+            // the round's cost: the kdamond's CPU time since the last round (its sampling and
+            // aggregation) plus the agent's own processing
+            let cost_us = cpu_now.saturating_sub(cpu_last) + t0.elapsed().as_micros() as u64;
+            cpu_last = cpu_now;
+            let _ = w.read_feedback();
+            let next = w.next_interval_ms(interval_ms(
+                cost_us,
+                cfg.interval_k,
+                cfg.interval_kb,
+                cfg.interval_base_ms,
+                cfg.interval_max_ms,
+            ));
+            let p = w.publish(
+                &entries,
+                &RoundMeta {
+                    overflow,
+                    scan_interval_ms: next,
+                    scan_duration_us: cost_us.min(u64::from(u32::MAX)) as u32,
+                    tracked_bytes,
+                    hot_frames: out.hot_frames,
+                    publish_time_ns: monotonic_ns(),
+                },
+            )?;
+            rounds += 1;
+            tracing::debug!(
+                round = p.round,
+                entries = p.count,
+                overflow = p.overflow,
+                regions = regions.len(),
+                accessed_bytes = out.accessed_bytes,
+                tracked = history.tracked(),
+                cost_us,
+                next_ms = next,
+                "published"
+            );
+            // re-pace DAMON when the interval moved by more than 1/16
+            if next.abs_diff(t_ms) > t_ms / 16 {
+                t_ms = next;
+                attrs = attrs_for(t_ms, cfg.samples, min_regions, max_regions);
+                kd.set_attrs(&attrs)?;
+            }
+        }
+        Ok(())
+    })();
+    let removed = kd.remove();
+    tracing::info!("DAMON stopped");
+    result.and(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_formula_matches_the_module() {
+        // docs/guest.md: with the defaults a 10 ms scan waits 3.8 s, 100 ms 87.5 s, 1 s 2.2 h
+        assert_eq!(interval_ms(10_000, 8, 50, 2500, 0), 3800);
+        assert_eq!(interval_ms(100_000, 8, 50, 2500, 0), 87_500);
+        assert_eq!(interval_ms(1_000_000, 8, 50, 2500, 0), 8_052_500);
+        assert_eq!(interval_ms(0, 8, 50, 2500, 0), 2500);
+        assert_eq!(interval_ms(100_000, 8, 50, 2500, 3000), 3000);
+        assert_eq!(interval_ms(u64::MAX, 8, 50, 2500, 0), u32::MAX);
+    }
+
+    #[test]
+    fn attrs_split_the_round() {
+        let a = attrs_for(2000, 20, 10, 1000);
+        assert_eq!(
+            (a.aggr_us, a.sample_us, a.update_us),
+            (2_000_000, 100_000, 2_000_000)
+        );
+        let a = attrs_for(5, 20, 10, 1000);
+        assert_eq!((a.aggr_us, a.sample_us), (5000, 1000));
+        let a = attrs_for(0, 0, 10, 1000);
+        assert_eq!((a.aggr_us, a.sample_us), (1000, 1000));
+    }
+
+    #[test]
+    fn claim_check() {
+        let d = crate::testdir::TestDir::new("claim");
+        let p = d.path().join("bar");
+        std::fs::write(&p, vec![0u8; 16384]).unwrap();
+        let r = pci::map_bar(&p).unwrap();
+        check_claim(&r).unwrap();
+        r.store_u64(0x100, 7).unwrap();
+        assert!(check_claim(&r).is_err());
+        r.store_u64(off::MAGIC, MAGIC).unwrap();
+        check_claim(&r).unwrap();
+    }
+}

@@ -1,0 +1,442 @@
+//! One kdamond of our own through DAMON's sysfs interface (`/sys/kernel/mm/damon/admin`,
+//! `Documentation/admin-guide/mm/damon/usage.rst`).
+//!
+//! Writing `kdamonds/nr_kdamonds` makes the kernel remove *every* kdamond directory (their
+//! configuration is lost) and create the requested number afresh; it fails with EBUSY while any
+//! kdamond runs. "Adding one" to kdamonds that someone else configured would therefore destroy
+//! their configuration, so the agent creates its kdamond only when `nr_kdamonds` is 0 and
+//! refuses to start otherwise. On exit it turns its kdamond off and writes `nr_kdamonds` back
+//! to 0 only if there is still exactly one kdamond, its own, and it is off; otherwise it leaves
+//! it (off) alone.
+
+use crate::iomem::PhysRange;
+use anyhow::{bail, Context, Result};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_ROOT: &str = "/sys/kernel/mm/damon/admin";
+
+/// A tried region of the stat scheme: `[start, end)` guest-physical bytes with its access
+/// frequency in the last aggregation interval (samples in which it was seen accessed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub start: u64,
+    pub end: u64,
+    pub nr_accesses: u32,
+    pub age: u32,
+}
+
+/// Monitoring attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attrs {
+    pub sample_us: u64,
+    pub aggr_us: u64,
+    pub update_us: u64,
+    pub min_nr_regions: u64,
+    pub max_nr_regions: u64,
+}
+
+fn write(path: &Path, value: &str) -> Result<()> {
+    fs::write(path, value).with_context(|| format!("writing {value:?} to {}", path.display()))
+}
+
+fn read(path: &Path) -> Result<String> {
+    Ok(fs::read_to_string(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .trim()
+        .to_string())
+}
+
+fn read_u64(path: &Path) -> Result<u64> {
+    let s = read(path)?;
+    s.parse()
+        .with_context(|| format!("{} holds {s:?}, not a number", path.display()))
+}
+
+/// Our kdamond.
+#[derive(Debug)]
+pub struct Kdamond {
+    root: PathBuf,
+    index: u64,
+    dir: PathBuf,
+    started: bool,
+}
+
+impl Kdamond {
+    /// Creates kdamond 0 under `root` (refusing when kdamonds exist already, see the module
+    /// docs), configures it for physical-address monitoring of `ranges` with a stat-only scheme
+    /// over every region accessed at least once, and leaves it off.
+    pub fn create(root: &Path, ranges: &[PhysRange], attrs: &Attrs) -> Result<Kdamond> {
+        let nr_path = root.join("kdamonds/nr_kdamonds");
+        let nr = read_u64(&nr_path).context("DAMON sysfs interface not available")?;
+        if nr != 0 {
+            bail!(
+                "{} is {nr}: other kdamonds exist; writing nr_kdamonds would remove their \
+                 configuration, so the agent does not start (stop and remove them first)",
+                nr_path.display()
+            );
+        }
+        if ranges.is_empty() {
+            bail!("no System RAM range to monitor");
+        }
+        write(&nr_path, "1")?;
+        let index = 0;
+        let dir = root.join(format!("kdamonds/{index}"));
+        let mut k = Kdamond {
+            root: root.to_path_buf(),
+            index,
+            dir,
+            started: false,
+        };
+        if let Err(e) = k.configure(ranges, attrs) {
+            let _ = k.remove();
+            return Err(e);
+        }
+        Ok(k)
+    }
+
+    fn configure(&mut self, ranges: &[PhysRange], attrs: &Attrs) -> Result<()> {
+        let ctxs = self.dir.join("contexts");
+        write(&ctxs.join("nr_contexts"), "1")?;
+        let ctx = ctxs.join("0");
+        let avail = read(&ctx.join("avail_operations")).unwrap_or_default();
+        if !avail.split_whitespace().any(|o| o == "paddr") {
+            bail!("this kernel's DAMON has no paddr operations (available: {avail:?})");
+        }
+        write(&ctx.join("operations"), "paddr")?;
+        self.write_attrs(attrs)?;
+        let targets = ctx.join("targets");
+        write(&targets.join("nr_targets"), "1")?;
+        let regions = targets.join("0/regions");
+        write(&regions.join("nr_regions"), &ranges.len().to_string())?;
+        for (i, r) in ranges.iter().enumerate() {
+            let d = regions.join(i.to_string());
+            write(&d.join("start"), &r.start.to_string())?;
+            write(&d.join("end"), &r.end.to_string())?;
+        }
+        let schemes = ctx.join("schemes");
+        write(&schemes.join("nr_schemes"), "1")?;
+        let s = schemes.join("0");
+        write(&s.join("action"), "stat")?;
+        let ap = s.join("access_pattern");
+        write(&ap.join("sz/min"), "0")?;
+        write(&ap.join("sz/max"), &u64::MAX.to_string())?;
+        write(&ap.join("nr_accesses/min"), "1")?;
+        write(&ap.join("nr_accesses/max"), &u32::MAX.to_string())?;
+        write(&ap.join("age/min"), "0")?;
+        write(&ap.join("age/max"), &u32::MAX.to_string())?;
+        Ok(())
+    }
+
+    fn ctx(&self) -> PathBuf {
+        self.dir.join("contexts/0")
+    }
+
+    fn write_attrs(&self, a: &Attrs) -> Result<()> {
+        let m = self.ctx().join("monitoring_attrs");
+        // DAMON checks sample <= aggr at commit; write in an order valid from any previous state
+        write(&m.join("intervals/sample_us"), &a.sample_us.to_string())?;
+        write(&m.join("intervals/aggr_us"), &a.aggr_us.to_string())?;
+        write(&m.join("intervals/update_us"), &a.update_us.to_string())?;
+        write(&m.join("nr_regions/max"), &a.max_nr_regions.to_string())?;
+        write(&m.join("nr_regions/min"), &a.min_nr_regions.to_string())?;
+        Ok(())
+    }
+
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    pub fn start(&mut self) -> Result<()> {
+        write(&self.dir.join("state"), "on")?;
+        self.started = true;
+        Ok(())
+    }
+
+    /// Applies new attributes to the running kdamond (`state commit`).
+    pub fn set_attrs(&mut self, a: &Attrs) -> Result<()> {
+        self.write_attrs(a)?;
+        if self.started {
+            write(&self.dir.join("state"), "commit")?;
+        }
+        Ok(())
+    }
+
+    /// The kdamond thread's pid, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        read(&self.dir.join("pid"))
+            .ok()?
+            .parse()
+            .ok()
+            .filter(|&p| p > 0)
+    }
+
+    /// Asks DAMON to refill `tried_regions` (blocks until the kdamond's next aggregation has
+    /// applied the scheme), then reads them.
+    pub fn tried_regions(&self) -> Result<Vec<Region>> {
+        write(&self.dir.join("state"), "update_schemes_tried_regions")?;
+        read_tried_regions(&self.ctx().join("schemes/0/tried_regions"))
+    }
+
+    /// Turns the kdamond off, and removes it if it is the only one (see the module docs).
+    pub fn remove(&mut self) -> Result<()> {
+        let state = self.dir.join("state");
+        if read(&state).map(|s| s == "on").unwrap_or(false) {
+            write(&state, "off")?;
+        }
+        self.started = false;
+        let nr_path = self.root.join("kdamonds/nr_kdamonds");
+        let nr = read_u64(&nr_path)?;
+        if nr == self.index + 1 && self.index == 0 {
+            write(&nr_path, "0")?;
+        } else {
+            tracing::warn!(
+                nr_kdamonds = nr,
+                "other kdamonds were created meanwhile: leaving kdamond {} off, not removed",
+                self.index
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Reads a `tried_regions` directory: numbered subdirectories with `start`, `end`,
+/// `nr_accesses`, `age`, in address order.
+pub fn read_tried_regions(dir: &Path) -> Result<Vec<Region>> {
+    let mut out = Vec::new();
+    let rd = fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for e in rd {
+        let e = e?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.parse::<u64>().is_err() {
+            continue; // total_bytes and the like
+        }
+        let d = e.path();
+        out.push(Region {
+            start: read_u64(&d.join("start"))?,
+            end: read_u64(&d.join("end"))?,
+            nr_accesses: read_u64(&d.join("nr_accesses"))?.min(u32::MAX as u64) as u32,
+            age: read_u64(&d.join("age"))?.min(u32::MAX as u64) as u32,
+        });
+    }
+    out.sort_by_key(|r| r.start);
+    out.retain(|r| r.end > r.start);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdir::TestDir;
+
+    /// A fake admin tree with `nr_kdamonds` and, for kdamond 0, the files the agent writes.
+    fn fake(nr: u64) -> TestDir {
+        let d = TestDir::new("damon");
+        d.write("kdamonds/nr_kdamonds", &format!("{nr}\n"));
+        for f in [
+            "state",
+            "pid",
+            "contexts/nr_contexts",
+            "contexts/0/operations",
+            "contexts/0/targets/nr_targets",
+            "contexts/0/targets/0/regions/nr_regions",
+            "contexts/0/schemes/nr_schemes",
+        ] {
+            d.write(&format!("kdamonds/0/{f}"), "");
+        }
+        d.write("kdamonds/0/state", "off\n");
+        d.write(
+            "kdamonds/0/contexts/0/avail_operations",
+            "vaddr fvaddr paddr\n",
+        );
+        d
+    }
+
+    fn attrs() -> Attrs {
+        Attrs {
+            sample_us: 5000,
+            aggr_us: 100_000,
+            update_us: 1_000_000,
+            min_nr_regions: 10,
+            max_nr_regions: 1000,
+        }
+    }
+
+    fn get(d: &TestDir, rel: &str) -> String {
+        std::fs::read_to_string(d.path().join("kdamonds/0").join(rel))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn creates_configures_and_removes_its_own() {
+        let d = fake(0);
+        let ranges = [
+            PhysRange {
+                start: 0x100000,
+                end: 0x3ffe0000,
+            },
+            PhysRange {
+                start: 0x1_0000_0000,
+                end: 0x1_4000_0000,
+            },
+        ];
+        // the kernel creates the directories; pre-create the ones the fake lacks
+        for i in 0..2 {
+            std::fs::create_dir_all(
+                d.path()
+                    .join(format!("kdamonds/0/contexts/0/targets/0/regions/{i}")),
+            )
+            .unwrap();
+        }
+        for p in ["sz", "nr_accesses", "age"] {
+            std::fs::create_dir_all(d.path().join(format!(
+                "kdamonds/0/contexts/0/schemes/0/access_pattern/{p}"
+            )))
+            .unwrap();
+        }
+        for p in ["intervals", "nr_regions"] {
+            std::fs::create_dir_all(
+                d.path()
+                    .join(format!("kdamonds/0/contexts/0/monitoring_attrs/{p}")),
+            )
+            .unwrap();
+        }
+        let mut k = Kdamond::create(d.path(), &ranges, &attrs()).unwrap();
+        assert_eq!(k.index(), 0);
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
+            "1"
+        );
+        assert_eq!(get(&d, "contexts/0/operations"), "paddr");
+        assert_eq!(get(&d, "contexts/0/targets/0/regions/nr_regions"), "2");
+        assert_eq!(
+            get(&d, "contexts/0/targets/0/regions/1/start"),
+            "4294967296"
+        );
+        assert_eq!(get(&d, "contexts/0/targets/0/regions/1/end"), "5368709120");
+        assert_eq!(get(&d, "contexts/0/schemes/0/action"), "stat");
+        assert_eq!(
+            get(&d, "contexts/0/schemes/0/access_pattern/nr_accesses/min"),
+            "1"
+        );
+        assert_eq!(
+            get(&d, "contexts/0/monitoring_attrs/intervals/aggr_us"),
+            "100000"
+        );
+        assert_eq!(
+            get(&d, "contexts/0/monitoring_attrs/nr_regions/max"),
+            "1000"
+        );
+        k.start().unwrap();
+        assert_eq!(get(&d, "state"), "on");
+        let mut a = attrs();
+        a.aggr_us = 400_000;
+        k.set_attrs(&a).unwrap();
+        assert_eq!(get(&d, "state"), "commit");
+        assert_eq!(
+            get(&d, "contexts/0/monitoring_attrs/intervals/aggr_us"),
+            "400000"
+        );
+        std::fs::write(d.path().join("kdamonds/0/state"), "on\n").unwrap();
+        k.remove().unwrap();
+        assert_eq!(get(&d, "state"), "off");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
+            "0"
+        );
+    }
+
+    #[test]
+    fn refuses_when_other_kdamonds_exist() {
+        let d = fake(1);
+        let ranges = [PhysRange {
+            start: 0,
+            end: 1 << 30,
+        }];
+        let e = Kdamond::create(d.path(), &ranges, &attrs()).unwrap_err();
+        assert!(format!("{e:#}").contains("other kdamonds exist"), "{e:#}");
+        // untouched
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
+            "1\n"
+        );
+    }
+
+    #[test]
+    fn leaves_others_when_more_appeared() {
+        let d = fake(0);
+        let mut k = Kdamond {
+            root: d.path().to_path_buf(),
+            index: 0,
+            dir: d.path().join("kdamonds/0"),
+            started: true,
+        };
+        std::fs::write(d.path().join("kdamonds/0/state"), "on\n").unwrap();
+        std::fs::write(d.path().join("kdamonds/nr_kdamonds"), "2\n").unwrap();
+        k.remove().unwrap();
+        assert_eq!(get(&d, "state"), "off");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
+            "2\n"
+        );
+    }
+
+    #[test]
+    fn refuses_without_paddr() {
+        let d = fake(0);
+        d.write("kdamonds/0/contexts/0/avail_operations", "vaddr fvaddr\n");
+        let ranges = [PhysRange {
+            start: 0,
+            end: 1 << 30,
+        }];
+        let e = Kdamond::create(d.path(), &ranges, &attrs()).unwrap_err();
+        assert!(format!("{e:#}").contains("no paddr"), "{e:#}");
+        // cleaned up after itself
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
+            "0"
+        );
+    }
+
+    #[test]
+    fn tried_regions_tree() {
+        let d = TestDir::new("tried");
+        d.write("total_bytes", "12288\n");
+        for (i, (s, e, n, a)) in [
+            (0x20000u64, 0x22000u64, 3u32, 1u32),
+            (0x1000, 0x2000, 7, 4),
+            (0x5000, 0x5000, 1, 0),
+        ]
+        .iter()
+        .enumerate()
+        {
+            d.write(&format!("{i}/start"), &format!("{s}\n"));
+            d.write(&format!("{i}/end"), &format!("{e}\n"));
+            d.write(&format!("{i}/nr_accesses"), &format!("{n}\n"));
+            d.write(&format!("{i}/age"), &format!("{a}\n"));
+        }
+        let r = read_tried_regions(d.path()).unwrap();
+        assert_eq!(
+            r,
+            vec![
+                Region {
+                    start: 0x1000,
+                    end: 0x2000,
+                    nr_accesses: 7,
+                    age: 4
+                },
+                Region {
+                    start: 0x20000,
+                    end: 0x22000,
+                    nr_accesses: 3,
+                    age: 1
+                },
+            ]
+        );
+        d.write("3/start", "x\n");
+        assert!(read_tried_regions(d.path()).is_err());
+    }
+}
