@@ -56,7 +56,7 @@ wait_for() { # wait_for SECONDS COMMAND...: poll until the command succeeds
 start_vm() {
 	local name=$1 mib=$2 cpu=$3
 	truncate -s 1M /dev/shm/vtism-$name.chan
-	taskset -c "$cpu" qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m ${mib}M -smp 1 -S \
+	taskset -c "$cpu" qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m ${mib}M,slots=2,maxmem=1G -smp 1 -S \
 		-display none -nodefaults -name "$name" \
 		-object memory-backend-ram,id=ram0,size=${mib}M,prealloc=on,host-nodes=2,policy=bind \
 		-numa node,nodeid=0,memdev=ram0 \
@@ -209,6 +209,27 @@ for c in ("qmp_capabilities", "system_reset"):
 EOF
 sleep 2
 [ "$(vm_field vm-d name)" = vm-d ] && pass "reset: vm-d still managed after system_reset" || fail "reset: vm-d dropped after reset"
+
+# Memory hot-plug: a 32 MiB DIMM (on node 2) appears in vm-d's memory map; the daemon picks it up.
+python3 - "$W/vm-d.harness" <<'EOF'
+import socket, sys, json
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rwb")
+f.readline()
+for c, a in (("qmp_capabilities", None),
+             ("object-add", {"qom-type": "memory-backend-ram", "id": "hp1", "size": 32 << 20,
+                             "host-nodes": [2], "policy": "bind", "prealloc": True}),
+             ("device_add", {"driver": "pc-dimm", "id": "dimm1", "memdev": "hp1"})):
+    m = {"execute": c}
+    if a: m["arguments"] = a
+    f.write((json.dumps(m) + "\n").encode()); f.flush()
+    while True:
+        r = json.loads(f.readline())
+        if "error" in r: print("hotplug:", r["error"]); break
+        if "return" in r: break
+EOF
+check "hot-plug: vm-d's new DIMM is managed (RAM 64 -> 96 MiB)" wait_for 20 bash -c "[ \"\$($BIN ctl --socket $W/ctl.sock status --json | python3 -c \"import json,sys; print([v['ram_bytes'] for v in json.load(sys.stdin)['vms'] if v['name']=='vm-d'][0])\")\" = $((96 << 20)) ]"
+check "hot-plug: vm-d's hot set still on node 1 after re-registration" \
+	$H wait $W/vm-d.harness /dev/shm/vtism-vm-d.chan 0x800+2048 1 2 16 60 hot-only
 
 # Kill a QEMU in the middle of a migration (vm-c: 96 MiB hot, 6 MB/s per-VM limit).
 start_vm vm-c 128 0

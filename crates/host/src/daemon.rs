@@ -1381,3 +1381,40 @@ pub fn scan_dir(dir: &Path, depth: u32, any: bool, out: &mut Vec<PathBuf>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn scan_finds_qmp_sockets_but_never_libvirts_monitor() {
+        let d = std::env::temp_dir().join(format!("vtism-scan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let dom = d.join("domain-3-web1");
+        std::fs::create_dir_all(dom.join("deeper/still")).unwrap();
+        let _l: Vec<UnixListener> = [
+            d.join("a.qmp"),
+            dom.join("monitor.sock"),
+            dom.join("vtism.sock"),
+            dom.join("other.sock"),
+            dom.join("deeper/still/far.qmp"),
+        ]
+        .iter()
+        .map(|p| UnixListener::bind(p).unwrap())
+        .collect();
+        std::fs::write(d.join("b.qmp"), b"not a socket").unwrap();
+        let mut out = Vec::new();
+        scan_dir(&d, 2, false, &mut out);
+        out.sort();
+        assert_eq!(out, vec![d.join("a.qmp"), dom.join("vtism.sock")]);
+        let mut any = Vec::new();
+        scan_dir(&d, 2, true, &mut any);
+        assert!(any.contains(&dom.join("other.sock")));
+        assert!(!any.contains(&dom.join("monitor.sock")));
+        let mut none = Vec::new();
+        scan_dir(&d.join("missing"), 2, true, &mut none);
+        assert!(none.is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
