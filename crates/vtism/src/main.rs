@@ -22,6 +22,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run vtismd, the host daemon: discover VMs, read their hints, move their pages.
