@@ -29,7 +29,9 @@ def newc_entry(name, mode, data=b"", rdev=(0, 0), ino=[1]):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--init", required=True)
-    ap.add_argument("--module", required=True)
+    ap.add_argument("--module", help="vtism_guest.ko (omitted: no module in the image)")
+    ap.add_argument("--add", action="append", default=[], metavar="SRC=DEST",
+                    help="also add file SRC as DEST (parent directories are created)")
     ap.add_argument("--workload", required=True)
     ap.add_argument("--busybox", default="/bin/busybox")
     ap.add_argument("-o", "--output", required=True)
@@ -57,8 +59,21 @@ def main():
         ("bin/sh", stat.S_IFLNK | 0o777, b"busybox"),
         ("bin/vtism-workload", x, read(a.workload)),
         ("init", x, read(a.init)),
-        ("vtism_guest.ko", r, read(a.module)),
     ]
+    if a.module:
+        entries.append(("vtism_guest.ko", r, read(a.module)))
+    have = {e[0] for e in entries}
+    for spec in a.add:
+        src, dest = spec.split("=", 1)
+        dest = dest.lstrip("/")
+        parts = dest.split("/")
+        for i in range(1, len(parts)):
+            p = "/".join(parts[:i])
+            if p not in have:
+                entries.append((p, d, b""))
+                have.add(p)
+        entries.append((dest, x if os.access(src, os.X_OK) else r, read(src)))
+        have.add(dest)
     blob = b""
     for name, mode, data in entries:
         blob += newc_entry(name, mode, data)

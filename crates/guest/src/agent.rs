@@ -62,6 +62,8 @@ pub struct Config {
     pub max_entries: u64,
     pub rounds: u64,
     pub claim_any: bool,
+    /// Written with the last published round number after each round.
+    pub status_file: Option<PathBuf>,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -220,6 +222,10 @@ pub fn run(cfg: &Config) -> Result<()> {
                 },
             )?;
             rounds += 1;
+            if let Some(f) = &cfg.status_file {
+                std::fs::write(f, format!("{}\n", p.round))
+                    .with_context(|| format!("writing {}", f.display()))?;
+            }
             tracing::debug!(
                 round = p.round,
                 entries = p.count,

@@ -51,6 +51,9 @@ pub struct GuestArgs {
     /// Use an ivshmem region that holds something other than a vtism channel.
     #[arg(long)]
     pub claim_any: bool,
+    /// After each round, write the round number published to this file (for scripts).
+    #[arg(long)]
+    pub status_file: Option<PathBuf>,
     /// DAMON's sysfs admin directory.
     #[arg(long, default_value = crate::damon::DEFAULT_ROOT, hide = true)]
     pub damon_root: PathBuf,
@@ -76,5 +79,6 @@ pub fn guest_main(args: GuestArgs) -> anyhow::Result<()> {
         max_entries: args.max_entries,
         rounds: args.rounds,
         claim_any: args.claim_any,
+        status_file: args.status_file,
     })
 }
