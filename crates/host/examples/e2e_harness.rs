@@ -224,7 +224,9 @@ fn wait(
 ) -> R<()> {
     let hot = spans(hot)?;
     let mut q = connect(sock)?;
-    let start_round = ack_round(chan);
+    // The guest's own round counter: monotonic, unlike the host's ack, which a restarted
+    // daemon resets.
+    let start_round = open_channel(chan)?.1.load_u64(off::ROUND)?;
     let t0 = Instant::now();
     let mut samples = 0;
     let fast_nodes: Vec<i32> = vec![0, 1]; // the emulated host's DRAM nodes
