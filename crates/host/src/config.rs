@@ -81,7 +81,7 @@ impl Default for DiscoveryConfig {
         DiscoveryConfig {
             scan_dirs: vec![
                 PathBuf::from("/var/lib/libvirt/qemu"),
-                PathBuf::from("/run/vtism/qmp"),
+                PathBuf::from("/run/vtism"),
             ],
             scan_any_socket: false,
             scan_interval_ms: 5000,
