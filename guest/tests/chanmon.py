@@ -286,8 +286,12 @@ class Monitor:
     def pr(self, snaps):
         hot, cold = self.truth.hot(), self.truth.cold()
         out = []
+        dump = os.environ.get("VTISM_E2E_DUMP")
         for s in snaps:
             rep = self.frames(s["entries"])
+            if dump:  # diagnostics: the cold frames each round reported
+                with open(dump, "a") as f:
+                    f.write("%d %s\n" % (s["f"]["round"], sorted(rep & cold)))
             tp = len(rep & hot)
             fp = len(rep & cold)
             prec = tp / (tp + fp) if tp + fp else 0.0

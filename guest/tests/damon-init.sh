@@ -99,7 +99,7 @@ wait_rounds 2 60
 phase feedback
 wait_rounds 4 60
 phase feedback-end
-wait_rounds 3 60
+wait_rounds 5 60
 phase fast
 
 kill $WL

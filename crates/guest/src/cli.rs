@@ -36,8 +36,10 @@ pub struct GuestArgs {
     /// Rounds of per-frame history (1-32).
     #[arg(long, default_value_t = 8)]
     pub history_rounds: u32,
-    /// Publish frames seen hot in at least this many rounds of the history.
-    #[arg(long, default_value_t = 2)]
+    /// Publish frames seen hot in at least this many rounds of the history (higher than the
+    /// module's 2: a DAMON region straddling hot and cold frames is reported whole, and its
+    /// boundaries move from round to round, so cold neighbours are hot in some rounds only).
+    #[arg(long, default_value_t = 6)]
     pub hot_threshold: u32,
     /// A DAMON region is hot in a round when it was seen accessed in at least this many samples.
     #[arg(long, default_value_t = 1)]
