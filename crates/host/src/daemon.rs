@@ -27,6 +27,9 @@ use vtism_proto::{
 /// Label of the daemon's own reject reason: a round larger than `channel.max_entries`.
 pub const OVER_BUDGET: &str = "over_budget";
 
+/// What an attach thread found on a socket.
+type AttachResult = (PathBuf, anyhow::Result<(Qmp, VmInfo)>);
+
 struct Channel {
     path: PathBuf,
     _map: FileMapping,
@@ -92,6 +95,10 @@ pub struct Daemon {
     shared: Shared,
     ctl_rx: mpsc::Receiver<CtlRequest>,
     ctl_tx: mpsc::Sender<CtlRequest>,
+    attach_tx: mpsc::Sender<AttachResult>,
+    attach_rx: mpsc::Receiver<AttachResult>,
+    /// Sockets with an attach in flight.
+    attaching: HashSet<PathBuf>,
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -154,6 +161,7 @@ impl Daemon {
         let engine = make_engine(&cfg, &topo)?;
         let mover = start_mover(&cfg, &topo);
         let (ctl_tx, ctl_rx) = mpsc::channel();
+        let (attach_tx, attach_rx) = mpsc::channel();
         let mut d = Daemon {
             cfg,
             config_path,
@@ -175,6 +183,9 @@ impl Daemon {
             shared: Arc::new(Mutex::new(Snapshot::default())),
             ctl_rx,
             ctl_tx,
+            attach_tx,
+            attach_rx,
+            attaching: HashSet::new(),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Vec::new(),
             metrics_addr: None,
@@ -363,6 +374,7 @@ impl Daemon {
             self.discover();
             self.last_scan = Some(Instant::now());
         }
+        self.collect_attached();
         self.watch_vms();
         if let Some(r) = self.mover.poll() {
             self.apply_report(r);
@@ -398,7 +410,6 @@ impl Daemon {
 
     fn discover(&mut self) {
         let managed: HashSet<PathBuf> = self.vms.values().map(|v| v.socket.clone()).collect();
-        let pids: HashSet<i32> = self.vms.values().map(|v| v.pid).collect();
         let backoff = Duration::from_millis(self.cfg.discovery.retry_backoff_ms);
         for sock in self.candidate_sockets() {
             if managed.contains(&sock) {
@@ -411,7 +422,37 @@ impl Daemon {
             {
                 continue;
             }
-            match self.attach(&sock, &pids) {
+            if self.attaching.contains(&sock) {
+                continue;
+            }
+            // Connecting and inspecting can block for the QMP timeout (a monitor held by someone
+            // else never greets): do it off the main loop, which keeps serving the other VMs.
+            self.attaching.insert(sock.clone());
+            let tx = self.attach_tx.clone();
+            let timeout = Duration::from_millis(self.cfg.discovery.qmp_timeout_ms);
+            let spawned = std::thread::Builder::new()
+                .name("vtism-attach".into())
+                .spawn(move || {
+                    let r = Qmp::connect(&sock, timeout)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|mut q| {
+                            let info = vm::inspect(&mut q)?;
+                            Ok((q, info))
+                        });
+                    let _ = tx.send((sock, r));
+                });
+            if let Err(e) = spawned {
+                warn!(error = %e, "cannot start an attach thread");
+            }
+        }
+    }
+
+    /// Registers the VMs whose attach finished.
+    fn collect_attached(&mut self) {
+        while let Ok((sock, r)) = self.attach_rx.try_recv() {
+            self.attaching.remove(&sock);
+            let r = r.and_then(|(q, info)| self.attach(&sock, q, info));
+            match r {
                 Ok(Some(id)) => {
                     self.backoff.remove(&sock);
                     debug!(vm = %id, socket = %sock.display(), "attached");
@@ -428,14 +469,11 @@ impl Daemon {
         }
     }
 
-    /// Connects to a QMP socket and starts managing the VM. `Ok(None)`: not ours to manage.
-    fn attach(&mut self, sock: &Path, pids: &HashSet<i32>) -> anyhow::Result<Option<VmId>> {
-        let timeout = Duration::from_millis(self.cfg.discovery.qmp_timeout_ms);
-        let mut qmp = Qmp::connect(sock, timeout)?;
-        if pids.contains(&qmp.pid) {
+    /// Starts managing a VM found on `sock`. `Ok(None)`: not ours to manage.
+    fn attach(&mut self, sock: &Path, qmp: Qmp, info: VmInfo) -> anyhow::Result<Option<VmId>> {
+        if self.vms.values().any(|v| v.pid == qmp.pid) {
             return Ok(None); // a second monitor of a VM already managed
         }
-        let info = vm::inspect(&mut qmp)?;
         let entry = self.cfg.vm_entry(&info.name, sock).cloned();
         if entry.as_ref().is_some_and(|e| e.ignore) {
             info!(vm = %info.name, "ignored by the configuration");
