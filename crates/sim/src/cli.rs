@@ -71,7 +71,7 @@ pub struct Common {
     /// Write CSV timelines, SVG plots and a Markdown report to this directory.
     #[arg(long, short)]
     pub out: Option<PathBuf>,
-    /// Print results as JSON instead of a table.
+    /// Print results as JSON instead of a table (one object per workload and line).
     #[arg(long)]
     pub json: bool,
 }
