@@ -87,7 +87,8 @@ done
 cat /tmp/wl.log
 grep -q '^VTGT ready' /tmp/wl.log && result workload ok "pid $WL" || result workload fail "no ground truth"
 
-wait_rounds 10
+# DAMON's regions adapt to the access pattern over tens of aggregations: let them settle
+wait_rounds 20 120
 phase steady
 params
 wait_rounds 6
