@@ -138,11 +138,12 @@ impl Policy for Oracle {
                     .then(s.gain[y].total_cmp(&s.gain[x]))
                     .then(x.cmp(&y))
             });
-            let want = b.quota_units.min(b.units);
             let mut cold: Vec<usize> = order.iter().rev().copied().filter(|&u| b.fast[u]).collect();
             let mut ci = 0;
             let mut budget = self.plan_secs;
-            for &u in order[..want].iter() {
+            // Every slow unit in order of the coming second's gain: one that is not worth its move
+            // does not hold a place that a unit further down could use.
+            for &u in order.iter() {
                 if b.fast[u] {
                     continue;
                 }
