@@ -6,9 +6,10 @@
 //!   e2e-harness capture  <qmp-socket> <out-file>
 //!   e2e-harness publish  <channel> <gfn-spec> <interval-ms> [<seconds>]
 //!   e2e-harness hostile  <channel> <seconds> <ram-frames>
-//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s> [hot-only] [max-rounds=N] [max-round=N]
+//!   e2e-harness wait     <qmp-socket> <channel> <hot-spec> <fast-node> <slow-node> <quota-mib> <timeout-s> [hot-only] [max-rounds=N] [max-round=N] [min-secs=N]
 //!                        max-rounds bounds the guest rounds from the check's start, max-round the
-//!                        guest's round number (rounds since its publisher started)
+//!                        guest's round number (rounds since its publisher started); min-secs fails
+//!                        a convergence faster than a rate limit allows
 //!   e2e-harness quota    <qmp-socket> <fast-nodes> <quota-mib> <seconds>
 //!   e2e-harness placement <qmp-socket>
 //!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
@@ -221,6 +222,7 @@ fn wait(
     strict: bool,
     max_rounds: u64,
     max_round: u64,
+    min_secs: f64,
 ) -> R<()> {
     let hot = spans(hot)?;
     let mut q = connect(sock)?;
@@ -263,6 +265,13 @@ fn wait(
             if rounds > max_rounds {
                 return Err(format!(
                     "converged only after {rounds} guest rounds (bound {max_rounds})"
+                )
+                .into());
+            }
+            if t0.elapsed().as_secs_f64() < min_secs {
+                return Err(format!(
+                    "converged in {:.1}s, faster than the rate limit allows ({min_secs}s)",
+                    t0.elapsed().as_secs_f64()
                 )
                 .into());
             }
@@ -425,6 +434,10 @@ fn main() {
                 Some(n) => num(n)?,
                 None => u64::MAX,
             };
+            let min_secs = match rest.iter().find_map(|r| r.strip_prefix("min-secs=")) {
+                Some(n) => num(n)? as f64,
+                None => 0.0,
+            };
             let (f, sl) = (num(f)? as i32, num(sl)? as i32);
             wait(
                 sock,
@@ -437,6 +450,7 @@ fn main() {
                 strict,
                 max_rounds,
                 max_round,
+                min_secs,
             )
         })(),
         ["quota", sock, fast, q, secs] => (|| quota(sock, fast, num(q)?, num(secs)?))(),
