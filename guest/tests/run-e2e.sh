@@ -12,6 +12,7 @@
 # usage: guest/tests/run-e2e.sh [6.1] [6.12]     (default: both)
 # env:   VTISM_E2E_OUT   work dir (default <repo>/build/e2e)
 #        VTISM_E2E_TIMEOUT  per-guest timeout in seconds (default 600)
+#        VTISM_E2E_DAMON=0  skip the DAMON agent scenario (run with 6.12; run-damon-e2e.sh)
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -115,6 +116,18 @@ for s in "${series[@]}"; do
 	fi
 	echo "e2e: $s took $(($(date +%s) - ts)) s"
 done
+
+# The DAMON agent (`vtism guest`) on 6.12, the same channel checks with the kernel's DAMON as the
+# tracker (guest/tests/run-damon-e2e.sh); VTISM_E2E_DAMON=0 skips it.
+if [[ " ${series[*]} " == *" 6.12 "* ]] && [ "${VTISM_E2E_DAMON:-1}" != 0 ]; then
+	"$tests/run-damon-e2e.sh" | tee "$out/damon.txt" | grep -v -e '^[0-9]* passed, [0-9]* failed$' -e '^VTGT '
+	p=$(grep -c '^PASS ' "$out/damon.txt")
+	f=$(grep -c '^FAIL ' "$out/damon.txt")
+	passed=$((passed + p))
+	failed=$((failed + f))
+	grep -q '^[0-9]* passed, 0 failed$' "$out/damon.txt" || [ "$f" -gt 0 ] ||
+		setup_fail damon "run-damon-e2e.sh did not finish"
+fi
 
 echo "e2e: total $(($(date +%s) - t0)) s"
 summary
