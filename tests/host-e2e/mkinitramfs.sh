@@ -41,10 +41,24 @@ mount -t proc proc $h/proc
 mount -t sysfs sysfs $h/sys
 mount -t devtmpfs dev $h/dev
 mkdir -p $h/dev/shm 2>/dev/null
+# The scratch tmpfs mounts below would hide a repository checked out under one of them (a CI
+# clone in /tmp): keep it visible by binding it aside first and back afterwards.
+repo=${run%/tests/host-e2e/*}
+keep=
+case "$repo" in /tmp/* | /run/* | /root/* | /dev/shm/*)
+	keep=1
+	mkdir -p /mnt/repo
+	mount -o bind "$h$repo" /mnt/repo || keep=
+	;;
+esac
 mount -t tmpfs tmp $h/dev/shm
 mount -t tmpfs tmp $h/tmp
 mount -t tmpfs tmp $h/run
 mount -t tmpfs tmp $h/root 2>/dev/null || true
+if [ -n "$keep" ]; then
+	mkdir -p "$h$repo"
+	mount -o bind /mnt/repo "$h$repo" || echo "init: cannot re-expose $repo"
+fi
 echo "init: running $run"
 chroot $h /bin/sh -c "cd /; $run" 2>&1
 echo "init: $run exited with $?"
