@@ -296,12 +296,8 @@ impl Daemon {
         let topo = HostTopology::read(&cfg.daemon.sysfs_root, &cfg.topology)?;
         let topo_changed = topo.nodes != self.topo.nodes;
         if topo_changed || cfg.engine != self.cfg.engine || cfg.mover != self.cfg.mover {
-            // Wait for the plan in flight before the engine and the mover are replaced.
-            if self.mover.busy() {
-                if let Some(r) = self.mover.wait(Duration::from_secs(60)) {
-                    self.apply_report(r);
-                }
-            }
+            // The plan in flight is abandoned (its queued batches are dropped; a move_pages call
+            // under way finishes): the new engine relearns placement by reconciling.
             let mut engine = make_engine(&cfg, &topo)?;
             self.mover.shutdown();
             self.mover = start_mover(&cfg, &topo);
@@ -666,7 +662,8 @@ impl Daemon {
                 self.drop_vm(id, "QEMU process exited");
                 continue;
             }
-            if resync || v.last_refresh.elapsed() >= refresh {
+            let periodic = v.last_refresh.elapsed() >= refresh && !self.mover.busy();
+            if resync || periodic {
                 if let Err(e) = self.refresh_vm(id, resync) {
                     let fatal = e.downcast_ref::<QmpError>().is_some_and(QmpError::is_fatal)
                         || e.downcast_ref::<vm::InspectError>().is_some_and(
@@ -685,12 +682,9 @@ impl Daemon {
     /// Re-reads the memory map; a changed map (hot-plug, firmware remapping) re-registers the
     /// VM with the engine, which forgets its hotness and learns placement again.
     fn refresh_vm(&mut self, id: VmId, reset: bool) -> anyhow::Result<()> {
-        // A plan in flight uses the old addresses: let it finish first.
-        if self.mover.busy() {
-            if let Some(r) = self.mover.wait(Duration::from_secs(60)) {
-                self.apply_report(r);
-            }
-        }
+        // Never wait for the mover here: a rate-limited plan can run for many rounds, and the
+        // channels must keep being read meanwhile. A plan in flight keeps its own copy of the
+        // old map; moves it makes on memory that went away fail per page, harmlessly.
         let Some(v) = self.vms.get_mut(&id) else {
             return Ok(());
         };
@@ -921,7 +915,21 @@ impl Daemon {
             .values()
             .map(|v| (v.id, (v.pid, v.memory.clone())))
             .collect();
-        let moves = plan.moves;
+        // Per-VM rate limits cut each VM's share of the plan to what it may move this round, so
+        // one slow VM never holds the mover (and every other VM's placement) for many rounds.
+        let allowance = self
+            .mover
+            .limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .vm_allowance(window, Instant::now());
+        let (moves, cut) = crate::mover::limit_per_vm(plan.moves, &allowance);
+        for m in cut {
+            // Those frames stay where they are; the engine plans them again next round.
+            let _ = self
+                .engine
+                .set_placement(m.vm, m.gfn, m.frames, Some(m.from));
+        }
         self.mover.submit(moves, vms, self.topo.fast_nodes());
     }
 

@@ -169,6 +169,19 @@ impl Limits {
             .get_mut(&vm)
             .is_some_and(|b| !b[dir as usize].wait_for(bytes, now).is_zero())
     }
+    /// Bytes each VM with its own limits may move over `window` from now, per direction.
+    pub fn vm_allowance(&mut self, window: Duration, now: Instant) -> HashMap<(VmId, Dir), u64> {
+        let mut out = HashMap::new();
+        for (vm, b) in self.per_vm.iter_mut() {
+            for (i, dir) in [Dir::Promote, Dir::Demote].into_iter().enumerate() {
+                if !b[i].unlimited() {
+                    let avail = b[i].available(now) as f64 + b[i].rate * window.as_secs_f64();
+                    out.insert((*vm, dir), avail as u64);
+                }
+            }
+        }
+        out
+    }
     /// Bytes the global buckets allow over `window` from now: the plan budget. `None` when both
     /// directions are unlimited.
     pub fn budget(&mut self, window: Duration, now: Instant) -> Option<u64> {
@@ -330,6 +343,64 @@ pub fn trim_after_demote(
     }
     keep_rev.reverse();
     (keep_rev, dropped)
+}
+
+/// Cuts a plan to what each VM's own rate limit allows this round (`allowance` in bytes per VM
+/// and direction; VMs without an entry are unlimited), keeping it quota-safe: demotions that are
+/// cut make the VM's PromoteAfterDemote moves shrink by as many frames (dropped from the end).
+/// Moves are in phase order. Returns the kept moves and the dropped ones, whose frames stay where
+/// they are. A slow VM then moves a little every round instead of holding the mover for many.
+pub fn limit_per_vm(
+    moves: Vec<Move>,
+    allowance: &HashMap<(VmId, Dir), u64>,
+) -> (Vec<Move>, Vec<Move>) {
+    let mut left: HashMap<(VmId, Dir), u64> = allowance
+        .iter()
+        .map(|(k, b)| (*k, b / FRAME_SIZE))
+        .collect();
+    let mut kept = Vec::with_capacity(moves.len());
+    let mut dropped = Vec::new();
+    let mut shortfall: HashMap<VmId, u64> = HashMap::new();
+    let mut after: Vec<Move> = Vec::new();
+    for m in moves {
+        if m.phase == Phase::PromoteAfterDemote {
+            after.push(m);
+            continue;
+        }
+        let key = (m.vm, Dir::of(m.kind));
+        let (k, d) = split_to(m, left.get_mut(&key));
+        if let Some(d) = d {
+            if d.phase == Phase::Demote {
+                *shortfall.entry(d.vm).or_default() += d.frames;
+            }
+            dropped.push(d);
+        }
+        kept.extend(k);
+    }
+    let (after, cut) = trim_after_demote(after, &shortfall);
+    dropped.extend(cut);
+    for m in after {
+        let (k, d) = split_to(m, left.get_mut(&(m.vm, Dir::Promote)));
+        kept.extend(k);
+        dropped.extend(d);
+    }
+    (kept, dropped)
+}
+
+/// Splits a move (a run of frames) into the part `left` frames allow and the rest.
+fn split_to(m: Move, left: Option<&mut u64>) -> (Option<Move>, Option<Move>) {
+    let Some(l) = left else {
+        return (Some(m), None);
+    };
+    let take = m.frames.min(*l);
+    *l -= take;
+    let kept = (take > 0).then_some(Move { frames: take, ..m });
+    let rest = (take < m.frames).then_some(Move {
+        gfn: Gfn(m.gfn.0 + take),
+        frames: m.frames - take,
+        ..m
+    });
+    (kept, rest)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1025,6 +1096,49 @@ mod tests {
             None,
             "only the throttled VM is left"
         );
+    }
+
+    #[test]
+    fn per_vm_limits_cut_plans_quota_safely() {
+        let moves = vec![
+            mv(1, 0, 4, 0, MoveKind::Promote, Phase::Promote),
+            mv(2, 0, 100, 0, MoveKind::Promote, Phase::Promote),
+            mv(1, 100, 4, 2, MoveKind::Demote, Phase::Demote),
+            mv(1, 200, 4, 2, MoveKind::Demote, Phase::Demote),
+            mv(1, 300, 4, 0, MoveKind::Promote, Phase::PromoteAfterDemote),
+            mv(1, 400, 4, 0, MoveKind::Promote, Phase::PromoteAfterDemote),
+        ];
+        // VM 1 may promote 12 frames and demote 6 this round; VM 2 is unlimited.
+        let allow: HashMap<(VmId, Dir), u64> = [
+            ((VmId(1), Dir::Promote), 12 * FRAME_SIZE),
+            ((VmId(1), Dir::Demote), 6 * FRAME_SIZE),
+        ]
+        .into();
+        let (kept, dropped) = limit_per_vm(moves, &allow);
+        let k: Vec<(u32, u64, u64)> = kept.iter().map(|m| (m.vm.0, m.gfn.0, m.frames)).collect();
+        // The second demotion is split (2 of 4 frames), so PromoteAfterDemote shrinks by at least
+        // 2 frames (the whole last move) although the promote allowance would have covered it:
+        // the quota must hold.
+        assert_eq!(
+            k,
+            vec![
+                (1, 0, 4),
+                (2, 0, 100),
+                (1, 100, 4),
+                (1, 200, 2),
+                (1, 300, 4)
+            ]
+        );
+        let d: Vec<(u64, u64)> = dropped.iter().map(|m| (m.gfn.0, m.frames)).collect();
+        assert_eq!(d, vec![(202, 2), (400, 4)]);
+        let (kept, dropped) = limit_per_vm(kept, &HashMap::new());
+        assert_eq!((kept.len(), dropped.len()), (5, 0));
+        // A long run is split to the allowance, not starved.
+        let long = vec![mv(3, 0, 5000, 0, MoveKind::Promote, Phase::Promote)];
+        let allow: HashMap<(VmId, Dir), u64> = [((VmId(3), Dir::Promote), 600 * FRAME_SIZE)].into();
+        let (kept, dropped) = limit_per_vm(long, &allow);
+        assert_eq!((kept[0].gfn.0, kept[0].frames), (0, 600));
+        assert_eq!((dropped[0].gfn.0, dropped[0].frames), (600, 4400));
     }
 
     #[test]
