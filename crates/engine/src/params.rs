@@ -39,7 +39,7 @@ impl Default for EngineParams {
             count_cap: 8,
             decay: 0.75,
             min_hot_score: 2,
-            hysteresis: 1.5,
+            hysteresis: 1.07,
             reserve_fraction: 0.02,
             reserve_min_bytes: 2 << 20,
             round_budget_bytes: 256 << 20,
