@@ -4,7 +4,7 @@
 # QEMUs (TCG, no OS, RAM preallocated on node 2), vtismd, and the harness that plays the guests,
 # then checks what the issue asks. Results go to $OUT/results (PASS/FAIL lines) and $OUT/*.log.
 set -u
-REPO=${REPO:-/work/main}
+REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
 OUT=${OUT:-/mnt}
 BIN=$REPO/target/release/vtism
 H=$REPO/target/release/examples/e2e-harness
