@@ -7,7 +7,7 @@
 //! first, when it drops under its size. Single socket: CPM's "promote to remote DRAM" has no
 //! remote DRAM to use.
 
-use super::{book_pos, peer_common, VmBook};
+use super::{book_pos, each_unit, peer_common, VmBook};
 use vtism_engine::{
     EngineError, IngestStats, MoveKind, Nanos, Observation, Phase, Plan, PlanContext, Policy,
     VmSpec,
@@ -72,14 +72,7 @@ impl Policy for AutoTiering {
             return Ok(IngestStats::default());
         };
         let (b, s) = (&mut self.books[p], &mut self.st[p]);
-        let mut st = IngestStats::default();
-        for a in acc {
-            st.entries += 1;
-            let Some(u) = b.unit(a.gfn) else {
-                st.ignored += 1;
-                continue;
-            };
-            st.applied += 1;
+        let st = each_unit(b, acc, |b, u, a| {
             b.ptype[u] = a.page_type;
             if a.reads + a.writes == 0 {
                 // A scan window closes for this page: shift in whether it was accessed.
@@ -91,7 +84,7 @@ impl Policy for AutoTiering {
                     s.requests.push(u);
                 }
             }
-        }
+        });
         Ok(st)
     }
 

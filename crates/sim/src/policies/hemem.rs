@@ -5,7 +5,7 @@
 //! it stops. The simulator runs the policy once per epoch over that epoch's samples (the epoch is
 //! its time resolution).
 
-use super::{book_pos, peer_common, VmBook};
+use super::{book_pos, each_unit, peer_common, VmBook};
 use vtism_engine::{
     EngineError, IngestStats, MoveKind, Nanos, Observation, Phase, Plan, PlanContext, Policy,
     VmSpec,
@@ -68,19 +68,12 @@ impl Policy for HeMem {
             return Ok(IngestStats::default());
         };
         let (b, s) = (&mut self.books[p], &mut self.st[p]);
-        let mut st = IngestStats::default();
         let mut cool = false;
-        for a in acc {
-            st.entries += 1;
-            let Some(u) = b.unit(a.gfn) else {
-                st.ignored += 1;
-                continue;
-            };
-            st.applied += 1;
+        let st = each_unit(b, acc, |_, u, a| {
             s.reads[u] = s.reads[u].saturating_add(a.reads);
             s.writes[u] = s.writes[u].saturating_add(a.writes);
             cool |= s.reads[u] > self.cooling || s.writes[u] > self.cooling;
-        }
+        });
         if cool {
             s.reads.iter_mut().for_each(|c| *c /= 2);
             s.writes.iter_mut().for_each(|c| *c /= 2);

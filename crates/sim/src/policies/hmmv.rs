@@ -11,7 +11,7 @@
 //! Units: counts are of 4 KiB frames; "accessed" for the queue means most of the unit's frames
 //! were; the degree threshold of 3 applies to the unit's mean per-frame degree.
 
-use super::{book_pos, peer_common, VmBook};
+use super::{book_pos, each_unit, peer_common, VmBook};
 use crate::sim::Setup;
 use vtism_engine::{
     EngineError, IngestStats, MoveKind, Nanos, Observation, Phase, Plan, PlanContext, Policy,
@@ -95,22 +95,15 @@ impl Policy for HmmV {
             return Ok(IngestStats::default());
         };
         let (b, s) = (&mut self.books[p], &mut self.st[p]);
-        let mut st = IngestStats::default();
         let fpu = self.fpu as u32;
-        for a in acc {
-            st.entries += 1;
-            let Some(u) = b.unit(a.gfn) else {
-                st.ignored += 1;
-                continue;
-            };
-            st.applied += 1;
+        let st = each_unit(b, acc, |b, u, a| {
             b.ptype[u] = a.page_type;
             if s.dnd[u] > 0 {
                 // Do not disturb: counted as accessed, bits left alone.
                 s.dnd[u] -= 1;
                 s.reads[u] += fpu;
                 s.writes[u] += s.last_w[u];
-                continue;
+                return;
             }
             s.reads[u] += a.reads;
             s.writes[u] += a.writes;
@@ -121,7 +114,7 @@ impl Policy for HmmV {
             } else {
                 s.level[u] = s.level[u].saturating_sub(1);
             }
-        }
+        });
         s.windows += 1;
         if s.windows >= self.windows {
             s.windows = 0;

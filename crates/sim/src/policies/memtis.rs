@@ -8,7 +8,7 @@
 //! warm ones into spare room) from the slow tier. Memtis also splits huge pages with skewed
 //! sub-page access; the simulator spreads a unit's accesses evenly, so there is nothing to split.
 
-use super::{book_pos, peer_common, VmBook};
+use super::{book_pos, each_unit, peer_common, VmBook};
 use vtism_engine::{
     EngineError, IngestStats, MoveKind, Nanos, Observation, Phase, Plan, PlanContext, Policy,
     VmSpec,
@@ -104,14 +104,7 @@ impl Policy for Memtis {
             return Ok(IngestStats::default());
         };
         let (b, s) = (&mut self.books[p], &mut self.st[p]);
-        let mut st = IngestStats::default();
-        for a in acc {
-            st.entries += 1;
-            let Some(u) = b.unit(a.gfn) else {
-                st.ignored += 1;
-                continue;
-            };
-            st.applied += 1;
+        let st = each_unit(b, acc, |_, u, a| {
             let n = a.reads + a.writes;
             s.count[u] = s.count[u].saturating_add(n);
             s.since_adapt += n as u64;
@@ -120,7 +113,7 @@ impl Policy for Memtis {
                 s.since_cool = 0;
                 s.count.iter_mut().for_each(|c| *c /= 2);
             }
-        }
+        });
         if s.since_adapt >= self.adapt_samples || s.hot_bin == BINS {
             s.since_adapt = 0;
             adapt(b, s, self.watermark);

@@ -15,7 +15,8 @@ use crate::mechanism::{
 };
 use crate::sim::{MoveMode, PolicyRun, Setup, Static, FAST, SLOW};
 use vtism_engine::{
-    EngineError, EngineParams, Move, MoveKind, NodeId, Phase, VmId, VmSpec, VtismPolicy,
+    EngineError, EngineParams, FrameAccess, IngestStats, Move, MoveKind, NodeId, Phase, VmId,
+    VmSpec, VtismPolicy,
 };
 use vtism_proto::{Gfn, PageType};
 
@@ -282,6 +283,26 @@ impl VmBook {
             phase,
         }
     }
+}
+
+/// Resolves each access to its unit and counts it (entries, applied, and ignored for frames
+/// outside the VM); `f` handles each access that hit a unit.
+pub(crate) fn each_unit(
+    b: &mut VmBook,
+    acc: &[FrameAccess],
+    mut f: impl FnMut(&mut VmBook, usize, &FrameAccess),
+) -> IngestStats {
+    let mut st = IngestStats::default();
+    for a in acc {
+        st.entries += 1;
+        let Some(u) = b.unit(a.gfn) else {
+            st.ignored += 1;
+            continue;
+        };
+        st.applied += 1;
+        f(b, u, a);
+    }
+    st
 }
 
 /// Finds a VM's book by id.

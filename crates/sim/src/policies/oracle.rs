@@ -5,7 +5,7 @@
 //! the current rate and idle latencies, so it ignores bandwidth loading (a Colloid-style policy that
 //! leaves hot data on a less loaded slow tier could beat it when the fast tier saturates).
 
-use super::{book_pos, peer_common, VmBook};
+use super::{book_pos, each_unit, peer_common, VmBook};
 use crate::model::MemoryModel;
 use crate::sim::Setup;
 use vtism_engine::{
@@ -93,21 +93,14 @@ impl Policy for Oracle {
             m.slow.write_ns - m.fast.write_ns,
         );
         let (b, s) = (&mut self.books[p], &mut self.st[p]);
-        let mut st = IngestStats::default();
-        for a in acc {
-            st.entries += 1;
-            let Some(u) = b.unit(a.gfn) else {
-                st.ignored += 1;
-                continue;
-            };
-            st.applied += 1;
+        let st = each_unit(b, acc, |_, u, a| {
             let g = a.reads as f64 * dr + a.writes as f64 * dw;
             if s.got_near {
                 s.gain[u] = g;
             } else {
                 s.near[u] = g;
             }
-        }
+        });
         s.fresh = s.got_near;
         s.got_near = !s.got_near;
         Ok(st)

@@ -13,7 +13,7 @@
 //!
 //! Locality mode: promote on fault only into free fast memory; never demote.
 
-use super::{book_pos, peer_common, VmBook};
+use super::{book_pos, each_unit, peer_common, VmBook};
 use vtism_engine::{
     EngineError, FrameAccess, IngestStats, MoveKind, Nanos, Observation, Phase, Plan, PlanContext,
     Policy, VmSpec,
@@ -98,24 +98,17 @@ impl Policy for Tpp {
         };
         let b = &mut self.books[p];
         let s = &mut self.st[p];
-        let mut st = IngestStats::default();
-        for a in acc {
+        let st = each_unit(b, acc, |b, u, a| {
             let FrameAccess {
-                gfn,
                 reads,
                 writes,
                 page_type,
+                ..
             } = *a;
-            st.entries += 1;
-            let Some(u) = b.unit(gfn) else {
-                st.ignored += 1;
-                continue;
-            };
-            st.applied += 1;
             b.ptype[u] = page_type;
             if reads + writes == 0 {
                 s.unmapped[u] = t; // scanner armed it
-                continue;
+                return;
             }
             s.last_ref[u] = t;
             let lat = if s.unmapped[u].is_nan() {
@@ -127,7 +120,7 @@ impl Policy for Tpp {
             if !b.fast[u] {
                 s.faults.push((lat, u));
             }
-        }
+        });
         Ok(st)
     }
 
