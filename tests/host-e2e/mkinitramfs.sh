@@ -2,7 +2,7 @@
 # Builds the emulated host's initramfs: busybox-static plus the 9p/virtio modules of the guest
 # kernel. Its /init mounts the host's root over virtfs (read-only), a writable results share,
 # then chroots into the host root and runs the command named on the kernel command line
-# (vtism.run=PATH), so the binaries built in target/ run unchanged.
+# (vtism.run=PATH; vtism.repo=DIR names the repository if PATH is not under tests/host-e2e), so the binaries built in target/ run unchanged.
 #   mkinitramfs.sh MODDIR OUT.cpio.gz
 set -euo pipefail
 moddir=$1
@@ -43,7 +43,8 @@ mount -t devtmpfs dev $h/dev
 mkdir -p $h/dev/shm 2>/dev/null
 # The scratch tmpfs mounts below would hide a repository checked out under one of them (a CI
 # clone in /tmp): keep it visible by binding it aside first and back afterwards.
-repo=${run%/tests/host-e2e/*}
+repo=$(sed -n 's/.*vtism\.repo=\([^ ]*\).*/\1/p' /proc/cmdline)
+[ -n "$repo" ] || repo=${run%/tests/host-e2e/*}
 keep=
 case "$repo" in /tmp/* | /run/* | /root/* | /dev/shm/*)
 	keep=1
