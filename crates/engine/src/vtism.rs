@@ -16,6 +16,8 @@ const COLD: usize = RING;
 const NODES: usize = 64;
 /// Hints are prefetched this many entries ahead: random (cold) hints miss every cache level.
 const PREFETCH_AHEAD: usize = 16;
+/// Share of the frames above the base score that `hot_set_bytes` counts (HMM-V section 4.4).
+pub const HOT_SET_SHARE: f64 = 0.8;
 
 /// A RAM range with its dense index, for lookups that remember the last range used: hints come
 /// in long runs within one range, so most lookups are one comparison.
@@ -363,6 +365,25 @@ impl VtismPolicy {
             .index_of(gfn)
             .ok_or(EngineError::OutOfMap { vm, gfn, frames: 1 })?;
         Ok(self.tables.eff_score(v.frames[idx as usize], v.round as u8))
+    }
+
+    /// Estimated hot-set size of a VM for pool balancing, HMM-V style: the hottest
+    /// [`HOT_SET_SHARE`] of the frames whose decayed score is at least `min_hot_score` (HMM-V's
+    /// base threshold keeps a VM with many barely touched frames from claiming a large hot set;
+    /// the share drops the tail of marginal frames). O(levels), read from the level histogram.
+    pub fn hot_set_bytes(&self, vm: VmId) -> Result<u64, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        let base = (self.tables.q as u64 * v.round % RING as u64) as usize;
+        let min_level = self.tables.min_hot_level as usize;
+        let hot: u64 = v
+            .hist
+            .iter()
+            .take(RING)
+            .enumerate()
+            .filter(|(k, _)| (k + RING - base) % RING >= min_level)
+            .map(|(_, slot)| slot.iter().sum::<u64>())
+            .sum();
+        Ok((hot as f64 * HOT_SET_SHARE).ceil() as u64 * FRAME_SIZE)
     }
 
     /// Heap bytes the policy holds (per-frame state and scratch).
