@@ -16,8 +16,6 @@ const COLD: usize = RING;
 const NODES: usize = 64;
 /// Hints are prefetched this many entries ahead: random (cold) hints miss every cache level.
 const PREFETCH_AHEAD: usize = 16;
-/// Share of the frames above the base score that `hot_set_bytes` counts (HMM-V section 4.4).
-pub const HOT_SET_SHARE: f64 = 0.8;
 
 /// A RAM range with its dense index, for lookups that remember the last range used: hints come
 /// in long runs within one range, so most lookups are one comparison.
@@ -367,10 +365,11 @@ impl VtismPolicy {
         Ok(self.tables.eff_score(v.frames[idx as usize], v.round as u8))
     }
 
-    /// Estimated hot-set size of a VM for pool balancing, HMM-V style: the hottest
-    /// [`HOT_SET_SHARE`] of the frames whose decayed score is at least `min_hot_score` (HMM-V's
-    /// base threshold keeps a VM with many barely touched frames from claiming a large hot set;
-    /// the share drops the tail of marginal frames). O(levels), read from the level histogram.
+    /// Estimated hot-set size of a VM for pool balancing, HMM-V style: the frames whose decayed
+    /// score is at least `min_hot_score` (HMM-V's base threshold keeps a VM with many barely
+    /// touched frames from claiming a large hot set). HMM-V then keeps the top 80% of them; we
+    /// keep all and let the pool add headroom, since the 80% cut leaves a fifth of a hot set
+    /// whose frames are all hot (GUPS) outside the quota. O(levels), from the level histogram.
     pub fn hot_set_bytes(&self, vm: VmId) -> Result<u64, EngineError> {
         let v = &self.vms[self.vm_pos(vm)?];
         let base = (self.tables.q as u64 * v.round % RING as u64) as usize;
@@ -383,7 +382,7 @@ impl VtismPolicy {
             .filter(|(k, _)| (k + RING - base) % RING >= min_level)
             .map(|(_, slot)| slot.iter().sum::<u64>())
             .sum();
-        Ok((hot as f64 * HOT_SET_SHARE).ceil() as u64 * FRAME_SIZE)
+        Ok(hot * FRAME_SIZE)
     }
 
     /// Heap bytes the policy holds (per-frame state and scratch).

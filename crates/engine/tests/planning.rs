@@ -298,3 +298,66 @@ proptest! {
         prop_assert!(hot_in_fast(&w, &g) >= 0.95);
     }
 }
+
+#[test]
+fn hot_set_estimate_follows_the_workload_and_a_pool_shrink_demotes() {
+    // 256 MiB VM, 40 MiB hot set touched every round, cold frames touched once in ~50 rounds.
+    let frames = 65_536;
+    let mut w = World::new(frames, 32_768, EngineParams::default(), 32_768);
+    let mut g = GupsHotSet::new(Gfn(0), frames, 10_240, 0.02, 5);
+    for _ in 0..12 {
+        let h = g.round();
+        w.step(&h);
+    }
+    let hot = w.engine.hot_set_bytes(w.vm).unwrap();
+    let hot_bytes = 10_240 * FRAME_SIZE;
+    // The frames above the base score: the hot set; the rare cold touches stay below it.
+    assert!(
+        hot >= hot_bytes && hot <= hot_bytes * 21 / 20,
+        "estimate {hot} for a hot set of {hot_bytes}"
+    );
+    // The pool lowers the quota to the hot set with headroom: the engine demotes down to it and
+    // keeps the hot set in fast memory.
+    let mut pool = FastPool::new(PoolParams {
+        mode: PoolMode::Pool,
+        fast_bytes: 1 << 30,
+        max_step_fraction: 1.0,
+        ..Default::default()
+    })
+    .unwrap();
+    let c = pool
+        .add_vm(
+            w.vm,
+            VmLimits {
+                min_bytes: 0,
+                max_bytes: 128 << 20,
+                shares: 1,
+            },
+            Nanos(0),
+        )
+        .unwrap();
+    assert_eq!(c.to_bytes, 128 << 20);
+    // Another VM takes most of the pool, so this one's target is its want.
+    pool.add_vm(
+        VmId(9),
+        VmLimits {
+            min_bytes: 0,
+            max_bytes: 1 << 30,
+            shares: 1,
+        },
+        Nanos(0),
+    )
+    .unwrap();
+    let ch = pool.rebalance(&[(w.vm, hot), (VmId(9), 1 << 30)], Nanos::from_secs(10));
+    let mine = ch.iter().find(|c| c.vm == w.vm).expect("quota moved");
+    assert_eq!(mine.reason, QuotaReason::Shrink);
+    assert!(mine.to_bytes < 32_768 * FRAME_SIZE);
+    w.engine.set_quota(w.vm, mine.to_bytes).unwrap();
+    w.quota_frames = mine.to_bytes / FRAME_SIZE;
+    for _ in 0..6 {
+        let h = g.round();
+        w.step(&h);
+    }
+    assert!(w.fast_frames() <= mine.to_bytes / FRAME_SIZE);
+    assert!(hot_in_fast(&w, &g) >= 0.99);
+}
