@@ -216,8 +216,9 @@ impl FastPool {
         self.vms.get(&vm).and_then(|v| v.demand)
     }
 
-    /// Replace the parameters. A new mode or size re-splits at once (returned, reason `Config`);
-    /// fails, changing nothing, if the VMs' minimums do not fit the new size.
+    /// Replace the parameters. A new mode or size re-splits at once (returned, reason `Config`),
+    /// and minimums not yet honoured are; fails, changing nothing, if the VMs' minimums do not
+    /// fit the new size.
     pub fn set_params(
         &mut self,
         params: PoolParams,
@@ -228,10 +229,10 @@ impl FastPool {
         let resplit =
             params.mode != self.params.mode || params.fast_bytes != self.params.fast_bytes;
         self.params = params;
-        if !resplit {
-            return Ok(Vec::new());
-        }
         let targets = self.targets();
+        if !resplit {
+            return Ok(self.honour_minimums(&targets, now));
+        }
         Ok(self.settle(&targets, QuotaReason::Config, QuotaReason::Config, now))
     }
 
@@ -333,20 +334,7 @@ impl FastPool {
             }
         }
         let targets = self.targets();
-        let mut out = Vec::new();
-        // Guaranteed minimums first (a VM that joined without room): not rate-limited.
-        let short: Vec<(VmId, u64)> = self
-            .vms
-            .iter()
-            .filter(|(_, v)| v.quota < v.limits.min_bytes)
-            .map(|(&id, v)| (id, v.limits.min_bytes - v.quota))
-            .collect();
-        for (vm, need) in short {
-            out.extend(self.reclaim_for(vm, need, &targets, now));
-            let q = self.vms[&vm].quota;
-            let to = (q + self.free()).min(self.vms[&vm].limits.min_bytes);
-            out.push(self.change(vm, to, QuotaReason::Initial, now));
-        }
+        let mut out = self.honour_minimums(&targets, now);
         match self.params.mode {
             PoolMode::Island => {
                 if self.resplit {
@@ -363,6 +351,24 @@ impl FastPool {
                 self.resplit = false;
                 out.extend(self.pace(&targets, now));
             }
+        }
+        out
+    }
+
+    /// Guaranteed minimums first (a VM that joined without room): not rate-limited.
+    fn honour_minimums(&mut self, targets: &BTreeMap<VmId, u64>, now: Nanos) -> Vec<QuotaChange> {
+        let short: Vec<(VmId, u64)> = self
+            .vms
+            .iter()
+            .filter(|(_, v)| v.quota < v.limits.min_bytes)
+            .map(|(&id, v)| (id, v.limits.min_bytes - v.quota))
+            .collect();
+        let mut out = Vec::new();
+        for (vm, need) in short {
+            out.extend(self.reclaim_for(vm, need, targets, now));
+            let q = self.vms[&vm].quota;
+            let to = (q + self.free()).min(self.vms[&vm].limits.min_bytes);
+            out.push(self.change(vm, to, QuotaReason::Initial, now));
         }
         out
     }
