@@ -6,7 +6,7 @@ CARGO ?= cargo
 RELEASE_BIN := target/release/vtism
 
 .PHONY: all deps deps-test deps-demo build build-release demo test test-rust test-c test-module \
-	test-guest-e2e test-damon-e2e test-host-e2e lint bench fuzz clean help
+	test-guest-e2e test-damon-e2e test-host-e2e test-testbed demo-engine lint bench fuzz clean help
 
 all: build
 
@@ -29,8 +29,16 @@ build: deps
 build-release: deps
 	$(CARGO) build --release -p vtism
 
+# The whole stack in an emulated DRAM+CXL host (see `vtism testbed --help`). Without KVM this
+# takes 8-12 minutes on 2 cores: the nested guest alone boots in about 100 s under TCG in TCG.
 demo: deps-demo build-release
-	@echo "== vtism demo: the engine on a synthetic GUPS guest, through a real channel (takes seconds)"
+	@echo "== vtism demo: vtismd, a guest with vtism_guest.ko and a GUPS workload, in an emulated"
+	@echo "   host with two DRAM and two CXL nodes. Without KVM this takes 8-12 minutes (the nested"
+	@echo "   guest alone boots in ~100 s under TCG inside TCG). Results go to build/testbed/runs/."
+	$(RELEASE_BIN) testbed --profile demo
+
+# The engine alone on a synthetic guest through a real channel region (seconds).
+demo-engine: build-release
 	$(RELEASE_BIN) demo
 
 test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e
@@ -58,6 +66,10 @@ test-guest-e2e:
 
 test-damon-e2e:
 	guest/tests/run-damon-e2e.sh
+
+# The full stack in the emulated DRAM+CXL host, smaller sizes, asserting from sampled placement.
+test-testbed: build-release
+	$(RELEASE_BIN) testbed --profile test --check
 
 # vtismd in an emulated 3-node host managing nested QEMUs.
 test-host-e2e:

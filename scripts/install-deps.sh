@@ -22,7 +22,8 @@ case $profile in
 # static test programs, file/kmod/python3 for the guest e2e harness. Kernel headers and images
 # come from scripts/guest-kernels.sh, which the tests call.
 test) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3) ;;
-demo) extra=() ;;
+# The testbed: the same emulated host and nested guest as the tests.
+demo) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3) ;;
 esac
 want=("${base[@]}" "${extra[@]}")
 

@@ -35,8 +35,8 @@ enum Cmd {
     /// Simulate placement policies (vtism and its peers) on workload and memory models.
     #[command(subcommand)]
     Sim(vtism_sim::cli::SimCommand),
-    /// Boot an emulated DRAM+CXL host and run the whole stack in it.
-    Testbed,
+    /// Boot an emulated DRAM+CXL host and run the whole stack in it (what `make demo` runs).
+    Testbed(vtism_testbed::cli::TestbedArgs),
     /// Run the tiering engine on a built-in synthetic workload and show every decision.
     Demo(demo::DemoArgs),
 }
@@ -65,10 +65,7 @@ fn main() -> ExitCode {
         Cmd::Ctl(a) => vtism_host::cli::ctl_main(a),
         Cmd::Guest(a) => vtism_guest::cli::guest_main(a),
         Cmd::Sim(c) => vtism_sim::cli::sim_main(c),
-        Cmd::Testbed => Err(anyhow::anyhow!(
-            "`vtism testbed` (the emulated DRAM+CXL host) is not part of this build yet; \
-             `vtism demo` runs the engine on a synthetic workload"
-        )),
+        Cmd::Testbed(a) => vtism_testbed::cli::testbed_main(a),
         Cmd::Demo(a) => demo::run(a),
     };
     match res {

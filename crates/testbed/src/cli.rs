@@ -1,0 +1,107 @@
+//! `vtism testbed` arguments.
+
+use crate::driver::{self, RunOptions};
+use crate::probe::{self, ProbeArgs};
+use crate::settings::{Profile, Settings};
+use std::path::PathBuf;
+
+const AFTER_HELP: &str = "\
+What it does: boots an emulated host under QEMU (TCG unless KVM really works here) with two \
+sockets, each with a DRAM node and a CPU-less \"CXL\" node that HMAT marks as slower, running \
+Debian's 6.12 kernel with this machine's root shared read-only (so the built binaries run \
+unchanged). Inside it: vtismd, and a nested guest whose RAM starts on the CXL nodes, running a \
+GUPS workload with a hot set that fits the guest's DRAM quota. The guest runs first without the \
+tracker (control), then loads vtism_guest.ko; the probe samples, every second, where the \
+workload's hot and cold frames are, the guest's DRAM use against its quota, vtismd's hint rounds \
+and moves, and the workload's throughput.
+
+Time: without KVM the nested guest alone takes about 100 s to boot (TCG inside TCG) and the whole \
+demo 8-12 minutes on 2 cores; `--profile test` about 5-8 minutes.
+
+Output: progress per sample, then a summary, the checks (PASS/FAIL) and report.md with \
+placement.svg, memory.svg and activity.svg in the results directory.
+
+Needs: qemu-system-x86, busybox-static, cpio, gcc + libc6-dev, python3 (scripts/install-deps.sh \
+demo), root (the emulated host shares / over virtfs), about 5 GiB of RAM. Exit status: 0 when \
+every check passed.";
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, after_help = AFTER_HELP)]
+pub struct TestbedArgs {
+    #[command(subcommand)]
+    pub command: Option<TestbedCommand>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum TestbedCommand {
+    /// Inside the emulated host: sample the run (started by testbed/inner.sh).
+    #[command(hide = true)]
+    Probe(ProbeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Sizes and timings: `demo` (bigger, keeps running after convergence) or `test` (the
+    /// full-stack test's smaller run).
+    #[arg(long, value_enum, default_value_t = Profile::Demo)]
+    pub profile: Profile,
+    /// Results directory (default: build/testbed/runs/<profile>-<unix time>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The vtism repository (default: the one this binary was built in).
+    #[arg(long)]
+    pub repo: Option<PathBuf>,
+    /// Print "N passed, M failed" after the checks (the test's form); the exit status is
+    /// non-zero on any failed check either way.
+    #[arg(long)]
+    pub check: bool,
+    /// QEMU accelerator of the emulated host: auto (KVM only if a KVM guest really boots), tcg, kvm.
+    #[arg(long, default_value = "auto")]
+    pub accel: String,
+    /// Override the profile's DRAM quota of the guest (MiB).
+    #[arg(long)]
+    pub quota_mib: Option<u64>,
+    /// Override the profile's control phase (seconds without the tracker).
+    #[arg(long)]
+    pub control_s: Option<u64>,
+}
+
+pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
+    if let Some(TestbedCommand::Probe(p)) = a.command {
+        return probe::probe(p);
+    }
+    let r = a.run;
+    let repo = driver::find_repo(r.repo)?;
+    let mut settings = Settings::for_profile(r.profile);
+    if let Some(q) = r.quota_mib {
+        settings.quota_mib = q;
+    }
+    if let Some(c) = r.control_s {
+        settings.control_s = c;
+    }
+    settings.validate()?;
+    let out = r.out.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let p = match r.profile {
+            Profile::Demo => "demo",
+            Profile::Test => "test",
+        };
+        repo.join(format!("build/testbed/runs/{p}-{t}"))
+    });
+    let ok = driver::run(RunOptions {
+        repo,
+        out,
+        settings,
+        check: r.check,
+        accel: r.accel,
+    })?;
+    if ok {
+        Ok(())
+    } else {
+        anyhow::bail!("the testbed run failed a check (see above)")
+    }
+}

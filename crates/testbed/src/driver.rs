@@ -1,0 +1,342 @@
+//! The driver: prepares the images (testbed/prepare.sh), boots the emulated host under QEMU,
+//! streams its progress lines, and reports from the probe's samples.
+
+use crate::report;
+use crate::settings::Settings;
+use anyhow::{bail, Context};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RunOptions {
+    pub repo: PathBuf,
+    pub out: PathBuf,
+    pub settings: Settings,
+    pub check: bool,
+    pub accel: String,
+}
+
+/// The repository: `--repo`, else the one this binary was built in (target/<profile>/vtism),
+/// else the current directory.
+pub fn find_repo(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let is_repo = |p: &Path| p.join("testbed/inner.sh").is_file();
+    if let Some(p) = explicit {
+        if is_repo(&p) {
+            return Ok(p.canonicalize()?);
+        }
+        bail!(
+            "{} is not a vtism repository (no testbed/inner.sh)",
+            p.display()
+        );
+    }
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().chain(std::env::current_dir()?.ancestors()) {
+        if is_repo(dir) {
+            return Ok(dir.canonicalize()?);
+        }
+    }
+    bail!("cannot find the vtism repository (testbed/inner.sh); run from it or pass --repo")
+}
+
+/// `kvm` only if /dev/kvm opens and a KVM guest really runs here (the kernel boots, panics
+/// for want of an init and QEMU exits); TCG otherwise. Nested PVM hosts expose a /dev/kvm whose
+/// guests hang, so its existence is not enough.
+pub fn pick_accel(requested: &str, vmlinuz: &str) -> String {
+    if requested != "auto" {
+        return requested.to_string();
+    }
+    let opens = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    let boots = || {
+        Command::new("timeout")
+            .args([
+                "15",
+                "qemu-system-x86_64",
+                "-accel",
+                "kvm",
+                "-m",
+                "256",
+                "-kernel",
+                vmlinuz,
+            ])
+            .args([
+                "-append",
+                "panic=-1 console=ttyS0",
+                "-display",
+                "none",
+                "-nodefaults",
+            ])
+            .args(["-no-reboot", "-serial", "none"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if opens && boots() { "kvm" } else { "tcg" }.to_string()
+}
+
+fn prepare(repo: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let out = Command::new(repo.join("testbed/prepare.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running testbed/prepare.sh")?;
+    if !out.status.success() {
+        bail!("testbed/prepare.sh failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// QEMU arguments of the emulated host: sockets 0 and 1 with a DRAM node each (nodes 0, 1) and a
+/// CPU-less "CXL" node each (nodes 2, 3), which HMAT describes as slower.
+fn host_args(accel: &str, vmlinuz: &str, initrd: &str, repo: &Path, out: &Path) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "-accel".into(),
+        if accel == "tcg" {
+            "tcg,thread=multi".into()
+        } else {
+            accel.into()
+        },
+        "-machine".into(),
+        "q35,hmat=on".into(),
+        "-cpu".into(),
+        "max".into(),
+        "-smp".into(),
+        "2,sockets=2".into(),
+        "-m".into(),
+        "4G".into(),
+    ];
+    for (i, cpus, init) in [
+        (0, Some(0), None),
+        (1, Some(1), None),
+        (2, None, Some(0)),
+        (3, None, Some(1)),
+    ] {
+        a.push("-object".into());
+        a.push(format!("memory-backend-ram,size=1G,id=m{i}"));
+        a.push("-numa".into());
+        a.push(match (cpus, init) {
+            (Some(c), _) => format!("node,nodeid={i},cpus={c},memdev=m{i}"),
+            (None, Some(n)) => format!("node,nodeid={i},memdev=m{i},initiator={n}"),
+            _ => unreachable!(),
+        });
+    }
+    for (s, d, v) in [
+        (0, 1, 21),
+        (0, 2, 24),
+        (0, 3, 34),
+        (1, 2, 34),
+        (1, 3, 24),
+        (2, 3, 44),
+    ] {
+        a.push("-numa".into());
+        a.push(format!("dist,src={s},dst={d},val={v}"));
+    }
+    // initiator, target, latency (ns), bandwidth
+    let lb = [
+        (0, 0, 10, "10G"),
+        (0, 1, 20, "5G"),
+        (0, 2, 80, "2G"),
+        (0, 3, 110, "1G"),
+        (1, 0, 20, "5G"),
+        (1, 1, 10, "10G"),
+        (1, 2, 110, "1G"),
+        (1, 3, 80, "2G"),
+    ];
+    for (i, t, lat, bw) in lb {
+        a.push("-numa".into());
+        a.push(format!("hmat-lb,initiator={i},target={t},hierarchy=memory,data-type=access-latency,latency={lat}"));
+        a.push("-numa".into());
+        a.push(format!("hmat-lb,initiator={i},target={t},hierarchy=memory,data-type=access-bandwidth,bandwidth={bw}"));
+    }
+    let run = repo.join("testbed/inner.sh");
+    a.extend(
+        [
+            "-kernel",
+            vmlinuz,
+            "-initrd",
+            initrd,
+            "-append",
+            &format!(
+                "console=ttyS0 quiet panic=-1 vtism.run={} vtism.repo={}",
+                run.display(),
+                repo.display()
+            ),
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap",
+            "-virtfs",
+            &format!(
+                "local,path={},mount_tag=results,security_model=none",
+                out.display()
+            ),
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-nodefaults",
+            "-no-reboot",
+            "-chardev",
+            &format!("file,id=con,path={}", out.join("console.log").display()),
+            "-serial",
+            "chardev:con",
+        ]
+        .map(String::from),
+    );
+    a
+}
+
+/// Boots the emulated host and waits for it, printing its "TB" lines; kills it at `limit`.
+fn boot(args: &[String], out: &Path, limit: Duration) -> anyhow::Result<bool> {
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(out.join("qemu.stderr"))?)
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let console = out.join("console.log");
+    let start = Instant::now();
+    let (mut offset, mut partial) = (0u64, String::new());
+    let mut finished = false;
+    loop {
+        let exited = child.try_wait()?;
+        if let Ok(mut f) = std::fs::File::open(&console) {
+            f.seek(SeekFrom::Start(offset))?;
+            let mut buf = Vec::new();
+            f.read_to_end(&mut buf)?;
+            offset += buf.len() as u64;
+            partial.push_str(&String::from_utf8_lossy(&buf));
+            while let Some(nl) = partial.find('\n') {
+                let line: String = partial.drain(..=nl).collect();
+                let line = line.trim_end();
+                if let Some(p) = line.strip_prefix("TB ") {
+                    println!("[{:4.0}s] {p}", start.elapsed().as_secs_f64());
+                } else if line == "inner done" {
+                    finished = true;
+                }
+            }
+        }
+        if let Some(st) = exited {
+            if !st.success() {
+                eprintln!(
+                    "testbed: the emulated host's QEMU exited with {st}; see {}",
+                    out.join("qemu.stderr").display()
+                );
+            }
+            return Ok(finished);
+        }
+        if start.elapsed() > limit {
+            eprintln!(
+                "testbed: no end after {} s: stopping the emulated host",
+                limit.as_secs()
+            );
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+pub fn run(o: RunOptions) -> anyhow::Result<bool> {
+    o.settings.validate()?;
+    std::fs::create_dir_all(&o.out).with_context(|| o.out.display().to_string())?;
+    let out = o.out.canonicalize()?;
+    println!("== preparing images (kernel, module, workload, initramfs) under build/testbed/");
+    let env = prepare(&o.repo)?;
+    let get = |k: &str| {
+        env.iter()
+            .find(|(a, _)| a == k)
+            .map(|(_, v)| v.clone())
+            .with_context(|| format!("testbed/prepare.sh did not print {k}"))
+    };
+    let bin = std::env::current_exe()?;
+    let extra = [
+        ("BIN", bin.display().to_string()),
+        ("VMLINUZ", get("VMLINUZ")?),
+        ("GUEST_INITRD", get("GUEST_INITRD")?),
+    ];
+    std::fs::write(out.join("testbed.env"), o.settings.to_env(&extra))?;
+    let _ = std::fs::remove_file(out.join("samples.jsonl"));
+    println!("== checking whether KVM really works here (up to 15 s)");
+    let accel = pick_accel(&o.accel, &get("VMLINUZ")?);
+    let s = &o.settings;
+    println!(
+        "== booting the emulated host ({accel}; 2 sockets: DRAM nodes 0-1, CXL nodes 2-3; kernel {})",
+        get("KVER")?
+    );
+    println!(
+        "   then a nested guest ({} MiB, GUPS {} MiB with a {} MiB hot set, DRAM quota {} MiB): \
+         {} s without the tracker, then with it. Results: {}",
+        s.guest_mib,
+        s.work_mib,
+        s.hot_mib,
+        s.quota_mib,
+        s.control_s,
+        out.display()
+    );
+    let args = host_args(
+        &accel,
+        &get("VMLINUZ")?,
+        &get("HOST_INITRD")?,
+        &o.repo,
+        &out,
+    );
+    let finished = boot(&args, &out, Duration::from_secs(s.run_limit_s()))?;
+    if !finished {
+        eprintln!(
+            "testbed: the run inside the emulated host did not finish; its console: {}",
+            out.join("console.log").display()
+        );
+    }
+
+    let samples = report::read_samples(&out.join("samples.jsonl")).unwrap_or_default();
+    let summary = report::summary(s, &samples);
+    let plots = report::plot(&samples, &out)?;
+    let checks = report::checks(s, &samples);
+    let mut md = format!("# vtism testbed run\n\n```\n{summary}```\n\n## Checks\n\n");
+    for c in &checks {
+        md.push_str(&format!(
+            "- {} {}: {}\n",
+            if c.ok { "PASS" } else { "FAIL" },
+            c.name,
+            c.detail
+        ));
+    }
+    md.push('\n');
+    for p in &plots {
+        md.push_str(&format!("![{p}]({p})\n\n"));
+    }
+    std::fs::write(out.join("report.md"), md)?;
+    println!("== summary\n{summary}");
+    for c in &checks {
+        println!(
+            "{} {}: {}",
+            if c.ok { "PASS" } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    println!(
+        "== report: {} (plots: {})",
+        out.join("report.md").display(),
+        plots.join(", ")
+    );
+    let ok = finished && checks.iter().all(|c| c.ok);
+    if o.check {
+        let passed = checks.iter().filter(|c| c.ok).count();
+        println!(
+            "{} passed, {} failed",
+            passed,
+            checks.len() - passed + usize::from(!finished)
+        );
+    }
+    Ok(ok)
+}

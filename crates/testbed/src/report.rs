@@ -1,0 +1,486 @@
+//! What a run produced: the probe's samples, the checks the full-stack test asserts on them, a
+//! summary and plots.
+
+use crate::settings::Settings;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::Path;
+use vtism_sim::svg::{LineChart, Series};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// The workload runs, the tracker is not loaded: nothing tells vtismd what is hot.
+    Control,
+    /// The tracker is loaded and publishes hint rounds.
+    Tracking,
+}
+
+/// One probe sample (a line of `samples.jsonl`). Frame counts are 4 KiB frames of the
+/// workload's ground truth; placement comes from move_pages(2) on the nested QEMU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Seconds since the workload published its ground truth.
+    pub t_s: f64,
+    pub phase: Phase,
+    /// Hint rounds vtismd accepted from the guest, and the last one's entries.
+    pub rounds_accepted: u64,
+    pub last_round: u64,
+    pub hint_entries: u64,
+    /// vtismd's cumulative moves for this VM.
+    pub promoted_bytes: u64,
+    pub demoted_bytes: u64,
+    pub hot_frames: u64,
+    pub hot_dram_frames: u64,
+    pub cold_frames: u64,
+    pub cold_slow_frames: u64,
+    /// All of the guest's RAM on DRAM nodes, and its quota.
+    pub guest_dram_bytes: u64,
+    pub quota_bytes: u64,
+    /// The workload's last reported GUPS rate (updates per second).
+    pub updates_per_s: Option<u64>,
+}
+
+impl Sample {
+    pub fn hot_dram_share(&self) -> f64 {
+        ratio(self.hot_dram_frames, self.hot_frames)
+    }
+    pub fn cold_slow_share(&self) -> f64 {
+        ratio(self.cold_slow_frames, self.cold_frames)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+pub fn read_samples(path: &Path) -> anyhow::Result<Vec<Sample>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("{}: {e} (the probe wrote no samples)", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+}
+
+fn check(name: &'static str, ok: bool, detail: String) -> Check {
+    Check { name, ok, detail }
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// The full-stack test's assertions, from the samples alone.
+pub fn checks(s: &Settings, samples: &[Sample]) -> Vec<Check> {
+    let control: Vec<&Sample> = samples
+        .iter()
+        .filter(|x| x.phase == Phase::Control)
+        .collect();
+    let tracking: Vec<&Sample> = samples
+        .iter()
+        .filter(|x| x.phase == Phase::Tracking)
+        .collect();
+    let mut out = Vec::new();
+
+    // The control phase: hints absent, so nothing may be promoted.
+    let (c_first, c_last) = (control.first(), control.last());
+    out.push(match (c_first, c_last) {
+        (Some(a), Some(b)) if b.t_s - a.t_s >= s.control_s as f64 * 0.5 => {
+            let moved_in = b.hot_dram_frames.saturating_sub(a.hot_dram_frames);
+            check(
+                "control: without the tracker no hot page moves into DRAM",
+                b.rounds_accepted == 0 && b.promoted_bytes == 0 && moved_in == 0,
+                format!(
+                    "{:.0} s, {} samples: rounds {}, promoted {} B, hot frames in DRAM {} -> {}",
+                    b.t_s - a.t_s,
+                    control.len(),
+                    b.rounds_accepted,
+                    b.promoted_bytes,
+                    a.hot_dram_frames,
+                    b.hot_dram_frames
+                ),
+            )
+        }
+        _ => check(
+            "control: without the tracker no hot page moves into DRAM",
+            false,
+            format!(
+                "control phase too short or missing ({} samples)",
+                control.len()
+            ),
+        ),
+    });
+
+    // The hint rounds are the trigger: they start with the tracker, and promotions follow them.
+    let first_round = tracking.iter().find(|x| x.rounds_accepted > 0);
+    let first_promotion = samples.iter().find(|x| x.promoted_bytes > 0);
+    out.push(check(
+        "trigger: promotions begin only after the guest's hint rounds do",
+        match (first_round, first_promotion) {
+            (Some(r), Some(p)) => p.phase == Phase::Tracking && p.t_s >= r.t_s,
+            _ => false,
+        },
+        format!(
+            "first accepted round at {}, first promotion at {}",
+            first_round.map_or("never".into(), |x| format!("{:.0} s", x.t_s)),
+            first_promotion.map_or("never".into(), |x| format!("{:.0} s", x.t_s))
+        ),
+    ));
+
+    // The hot set reaches DRAM within the limit.
+    let t_load = tracking.first().map(|x| x.t_s);
+    let reached = tracking
+        .iter()
+        .find(|x| x.hot_dram_share() >= s.target_share);
+    out.push(check(
+        "convergence: the hot set reaches DRAM",
+        reached.is_some_and(|x| x.t_s - t_load.unwrap_or(x.t_s) <= s.track_limit_s as f64),
+        match reached {
+            Some(x) => format!(
+                "{:.1}% of the hot set on DRAM {:.0} s after the tracker loaded (target {:.0}% within {} s)",
+                100.0 * x.hot_dram_share(),
+                x.t_s - t_load.unwrap_or(x.t_s),
+                100.0 * s.target_share,
+                s.track_limit_s
+            ),
+            None => format!(
+                "best {:.1}% (target {:.0}% within {} s)",
+                100.0 * tracking.iter().map(|x| x.hot_dram_share()).fold(0.0, f64::max),
+                100.0 * s.target_share,
+                s.track_limit_s
+            ),
+        },
+    ));
+
+    // At the end: the hot set still there, the cold remainder on the CXL nodes.
+    if let Some(last) = tracking.last() {
+        out.push(check(
+            "placement at the end: hot set on DRAM, cold remainder on CXL",
+            last.hot_dram_share() >= s.target_share && last.cold_slow_share() >= 0.9,
+            format!(
+                "hot {:.1}% on DRAM, cold {:.1}% on CXL",
+                100.0 * last.hot_dram_share(),
+                100.0 * last.cold_slow_share()
+            ),
+        ));
+    } else {
+        out.push(check(
+            "placement at the end: hot set on DRAM, cold remainder on CXL",
+            false,
+            "no tracking-phase sample".into(),
+        ));
+    }
+
+    // The quota holds at every sample.
+    let worst = samples
+        .iter()
+        .max_by_key(|x| x.guest_dram_bytes as i128 - x.quota_bytes as i128);
+    out.push(check(
+        "quota: the guest's DRAM never exceeds its quota",
+        !samples.is_empty() && samples.iter().all(|x| x.guest_dram_bytes <= x.quota_bytes),
+        match worst {
+            Some(w) => format!(
+                "max {:.1} MiB on DRAM against a {:.0} MiB quota over {} samples",
+                samples
+                    .iter()
+                    .map(|x| x.guest_dram_bytes)
+                    .max()
+                    .unwrap_or(0) as f64
+                    / MIB,
+                w.quota_bytes as f64 / MIB,
+                samples.len()
+            ),
+            None => "no samples".into(),
+        },
+    ));
+    out
+}
+
+/// A human summary of a run.
+pub fn summary(s: &Settings, samples: &[Sample]) -> String {
+    let mut o = String::new();
+    let tracking: Vec<&Sample> = samples
+        .iter()
+        .filter(|x| x.phase == Phase::Tracking)
+        .collect();
+    let control: Vec<&Sample> = samples
+        .iter()
+        .filter(|x| x.phase == Phase::Control)
+        .collect();
+    let mean_tput = |v: &[&Sample]| {
+        let r: Vec<f64> = v
+            .iter()
+            .filter_map(|x| x.updates_per_s)
+            .map(|u| u as f64)
+            .collect();
+        (!r.is_empty()).then(|| r.iter().sum::<f64>() / r.len() as f64)
+    };
+    let _ = writeln!(
+        o,
+        "guest {} MiB, workload {} MiB with a {} MiB hot set, DRAM quota {} MiB",
+        s.guest_mib, s.work_mib, s.hot_mib, s.quota_mib
+    );
+    if let (Some(f), Some(l)) = (tracking.first(), tracking.last()) {
+        let _ = writeln!(
+            o,
+            "tracking phase: {:.0} s, {} hint rounds, {:.1} MiB promoted, {:.1} MiB demoted",
+            l.t_s - f.t_s,
+            l.rounds_accepted,
+            l.promoted_bytes as f64 / MIB,
+            l.demoted_bytes as f64 / MIB
+        );
+        let _ = writeln!(
+            o,
+            "hot set on DRAM: {:.1}% -> {:.1}%; cold frames on CXL: {:.1}%",
+            100.0 * f.hot_dram_share(),
+            100.0 * l.hot_dram_share(),
+            100.0 * l.cold_slow_share()
+        );
+    }
+    match (
+        mean_tput(&control),
+        mean_tput(&tracking[tracking.len().saturating_sub(10)..]),
+    ) {
+        (Some(a), Some(b)) => {
+            let _ = writeln!(
+                o,
+                "workload: {:.2} M updates/s without the tracker (all on CXL), {:.2} M/s over the last 10 samples \
+                 (TCG emulates no memory latency: the rate shows the workload kept running, not a tiering speed-up)",
+                a / 1e6,
+                b / 1e6
+            );
+        }
+        _ => {
+            let _ = writeln!(o, "workload: no throughput reported");
+        }
+    }
+    o
+}
+
+/// Plots of a run: placement shares, memory, moves and throughput over time.
+pub fn plot(samples: &[Sample], dir: &Path) -> anyhow::Result<Vec<String>> {
+    let load = samples
+        .iter()
+        .find(|x| x.phase == Phase::Tracking)
+        .map(|x| x.t_s);
+    let line = |name: &str, f: &dyn Fn(&Sample) -> Option<f64>| Series {
+        name: name.to_string(),
+        points: samples
+            .iter()
+            .filter_map(|x| f(x).map(|y| (x.t_s, y)))
+            .collect(),
+    };
+    let marker = |top: f64| Series {
+        name: "tracker loaded".into(),
+        points: load.map_or(vec![], |t| vec![(t, 0.0), (t, top)]),
+    };
+    let mut files = Vec::new();
+    let mut write = |file: &str, chart: LineChart<'_>| -> anyhow::Result<()> {
+        std::fs::write(dir.join(file), chart.render())?;
+        files.push(file.to_string());
+        Ok(())
+    };
+    write(
+        "placement.svg",
+        LineChart {
+            title: "Workload frames by tier",
+            x_label: "time since the workload started (s)",
+            y_label: "share (%)",
+            series: vec![
+                line("hot set on DRAM", &|x| Some(100.0 * x.hot_dram_share())),
+                line("cold frames on CXL", &|x| Some(100.0 * x.cold_slow_share())),
+                marker(100.0),
+            ],
+            y_min: Some(0.0),
+            y_max: Some(105.0),
+            width: 900.0,
+            height: 380.0,
+        },
+    )?;
+    let top = samples
+        .iter()
+        .map(|x| (x.promoted_bytes.max(x.quota_bytes)) as f64 / MIB)
+        .fold(1.0, f64::max);
+    write(
+        "memory.svg",
+        LineChart {
+            title: "Guest memory on DRAM, quota and vtismd's moves",
+            x_label: "time since the workload started (s)",
+            y_label: "MiB",
+            series: vec![
+                line("guest RAM on DRAM", &|x| {
+                    Some(x.guest_dram_bytes as f64 / MIB)
+                }),
+                line("quota", &|x| Some(x.quota_bytes as f64 / MIB)),
+                line("promoted (cumulative)", &|x| {
+                    Some(x.promoted_bytes as f64 / MIB)
+                }),
+                line("demoted (cumulative)", &|x| {
+                    Some(x.demoted_bytes as f64 / MIB)
+                }),
+                marker(top),
+            ],
+            y_min: Some(0.0),
+            y_max: None,
+            width: 900.0,
+            height: 380.0,
+        },
+    )?;
+    let top = samples
+        .iter()
+        .filter_map(|x| x.updates_per_s)
+        .map(|u| u as f64 / 1e6)
+        .fold(0.1, f64::max);
+    write(
+        "activity.svg",
+        LineChart {
+            title: "Hint entries per round and workload throughput",
+            x_label: "time since the workload started (s)",
+            y_label: "thousand entries / M updates per s",
+            series: vec![
+                line("hint entries (thousands)", &|x| {
+                    Some(x.hint_entries as f64 / 1e3)
+                }),
+                line("GUPS (M updates/s)", &|x| {
+                    x.updates_per_s.map(|u| u as f64 / 1e6)
+                }),
+                marker(top),
+            ],
+            y_min: Some(0.0),
+            y_max: None,
+            width: 900.0,
+            height: 380.0,
+        },
+    )?;
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Profile;
+
+    fn sample(
+        t: f64,
+        phase: Phase,
+        rounds: u64,
+        promoted: u64,
+        hot_dram: u64,
+        dram: u64,
+    ) -> Sample {
+        Sample {
+            t_s: t,
+            phase,
+            rounds_accepted: rounds,
+            last_round: rounds,
+            hint_entries: if rounds > 0 { 4096 } else { 0 },
+            promoted_bytes: promoted,
+            demoted_bytes: 0,
+            hot_frames: 4096,
+            hot_dram_frames: hot_dram,
+            cold_frames: 20480,
+            cold_slow_frames: 20480,
+            guest_dram_bytes: dram,
+            quota_bytes: 20 << 20,
+            updates_per_s: Some(1_000_000),
+        }
+    }
+
+    fn good_run() -> Vec<Sample> {
+        let mut v = Vec::new();
+        for t in 0..31 {
+            v.push(sample(t as f64, Phase::Control, 0, 0, 0, 0));
+        }
+        for (i, t) in (31..60).enumerate() {
+            let hot = (i as u64 * 300).min(4096);
+            v.push(sample(
+                t as f64,
+                Phase::Tracking,
+                1 + i as u64 / 3,
+                hot * 4096,
+                hot,
+                hot * 4096,
+            ));
+        }
+        v
+    }
+
+    fn failed(c: &[Check]) -> Vec<&'static str> {
+        c.iter().filter(|c| !c.ok).map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn a_good_run_passes_every_check() {
+        let s = Settings::for_profile(Profile::Test);
+        let c = checks(&s, &good_run());
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{c:#?}");
+    }
+
+    #[test]
+    fn each_failure_is_caught() {
+        let s = Settings::for_profile(Profile::Test);
+        // promotions during the control phase
+        let mut v = good_run();
+        v[20].promoted_bytes = 4096;
+        v[20].hot_dram_frames = 1;
+        for x in &mut v[21..31] {
+            x.promoted_bytes = 4096;
+            x.hot_dram_frames = 1;
+        }
+        let f = failed(&checks(&s, &v));
+        assert!(f.iter().any(|n| n.starts_with("control")), "{f:?}");
+        assert!(f.iter().any(|n| n.starts_with("trigger")), "{f:?}");
+        // never converges
+        let mut v = good_run();
+        for x in &mut v[31..] {
+            x.hot_dram_frames = x.hot_dram_frames.min(3000);
+        }
+        let f = failed(&checks(&s, &v));
+        assert!(f.iter().any(|n| n.starts_with("convergence")), "{f:?}");
+        // quota exceeded once
+        let mut v = good_run();
+        v[45].guest_dram_bytes = (20 << 20) + 4096;
+        assert_eq!(
+            failed(&checks(&s, &v)),
+            vec!["quota: the guest's DRAM never exceeds its quota"]
+        );
+        // cold frames pulled into DRAM
+        let mut v = good_run();
+        v.last_mut().unwrap().cold_slow_frames = 10000;
+        assert_eq!(
+            failed(&checks(&s, &v)),
+            vec!["placement at the end: hot set on DRAM, cold remainder on CXL"]
+        );
+        // no samples at all
+        assert_eq!(failed(&checks(&s, &[])).len(), 5);
+    }
+
+    #[test]
+    fn plots_and_summary_render() {
+        let dir = std::env::temp_dir().join(format!("vtism-testbed-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = plot(&good_run(), &dir).unwrap();
+        assert_eq!(files.len(), 3);
+        for f in &files {
+            let svg = std::fs::read_to_string(dir.join(f)).unwrap();
+            assert!(svg.starts_with("<svg") && svg.contains("<path"), "{f}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        let s = summary(&Settings::for_profile(Profile::Test), &good_run());
+        assert!(s.contains("hint rounds") && s.contains("updates/s"), "{s}");
+    }
+}

@@ -1,0 +1,215 @@
+//! Sizes and timings of a testbed run. The driver writes them as `KEY=value` lines
+//! (`testbed.env`) that the emulated host's shell script sources and the probe parses.
+
+use anyhow::{bail, Context};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// The demonstration: a bigger guest, runs on after convergence to show the steady state.
+    Demo,
+    /// The full-stack test's sizes: small, stops once the hot set is in DRAM.
+    Test,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Nested guest's RAM.
+    pub guest_mib: u64,
+    /// The workload's footprint and hot set.
+    pub work_mib: u64,
+    pub hot_mib: u64,
+    /// Seconds between two touches of one cold page.
+    pub cold_period_s: u64,
+    /// The guest's fast-memory quota in vtismd's config.
+    pub quota_mib: u64,
+    /// Seconds the workload runs without the tracker (the control phase).
+    pub control_s: u64,
+    /// Limit on the tracking phase: the hot set must be in DRAM by then.
+    pub track_limit_s: u64,
+    /// Seconds to keep sampling after the target is reached.
+    pub hold_s: u64,
+    /// Limit on the nested guest's boot (TCG inside TCG: about 100 s on an idle 2-core machine).
+    pub boot_limit_s: u64,
+    /// Share of the hot set that must be in DRAM.
+    pub target_share: f64,
+    pub daemon_interval_ms: u64,
+    pub channel_min_interval_ms: u64,
+    pub rate_mbps: u64,
+    /// Tracker module parameters, `a=1,b=2`.
+    pub module_params: String,
+}
+
+/// The module's interval formula with the seed's K and Kb assumes hardware scan times; inside a
+/// TCG guest nested in a TCG guest a scan is ~100x slower, so the testbed scales Tbase and caps
+/// the interval to keep rounds a few seconds apart, as they are on hardware.
+const MODULE_PARAMS: &str =
+    "interval_k=1,interval_kb=10,interval_base_ms=1000,interval_max_ms=3000";
+
+impl Settings {
+    pub fn for_profile(p: Profile) -> Settings {
+        match p {
+            Profile::Test => Settings {
+                guest_mib: 256,
+                work_mib: 96,
+                hot_mib: 16,
+                cold_period_s: 30,
+                quota_mib: 20,
+                control_s: 30,
+                track_limit_s: 300,
+                hold_s: 5,
+                boot_limit_s: 900,
+                target_share: 0.9,
+                daemon_interval_ms: 1000,
+                channel_min_interval_ms: 500,
+                rate_mbps: 64,
+                module_params: MODULE_PARAMS.into(),
+            },
+            Profile::Demo => Settings {
+                guest_mib: 512,
+                work_mib: 320,
+                hot_mib: 64,
+                cold_period_s: 30,
+                quota_mib: 80,
+                control_s: 30,
+                track_limit_s: 420,
+                hold_s: 45,
+                boot_limit_s: 900,
+                target_share: 0.9,
+                daemon_interval_ms: 1000,
+                channel_min_interval_ms: 500,
+                rate_mbps: 64,
+                module_params: MODULE_PARAMS.into(),
+            },
+        }
+    }
+
+    /// Upper bound on the whole run, for the driver's timeout.
+    pub fn run_limit_s(&self) -> u64 {
+        // Emulated host boot and the workload's setup (it populates its memory under nested TCG).
+        self.boot_limit_s + 180 + self.control_s + self.track_limit_s + self.hold_s
+    }
+
+    pub fn gups_args(&self) -> String {
+        format!(
+            "--mib+{}+--hot-mib+{}+--cold-period+{}",
+            self.work_mib, self.hot_mib, self.cold_period_s
+        )
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.hot_mib == 0 || self.hot_mib >= self.work_mib {
+            bail!("hot_mib must be in (0, work_mib)");
+        }
+        if self.work_mib + 64 > self.guest_mib {
+            bail!("guest_mib must leave the guest kernel 64 MiB beside the workload");
+        }
+        if self.quota_mib < self.hot_mib {
+            bail!("quota_mib must hold the hot set (the test asserts it ends up in DRAM)");
+        }
+        if !(0.0..=1.0).contains(&self.target_share) {
+            bail!("target_share must be in [0, 1]");
+        }
+        Ok(())
+    }
+
+    /// `testbed.env`: shell-sourceable, and parsed back by [`Settings::from_env`].
+    pub fn to_env(&self, extra: &[(&str, String)]) -> String {
+        let mut s = String::new();
+        let mut kv = |k: &str, v: String| s.push_str(&format!("{k}={}\n", shell_quote(&v)));
+        kv("GUEST_MIB", self.guest_mib.to_string());
+        kv("WORK_MIB", self.work_mib.to_string());
+        kv("HOT_MIB", self.hot_mib.to_string());
+        kv("COLD_PERIOD_S", self.cold_period_s.to_string());
+        kv("QUOTA_MIB", self.quota_mib.to_string());
+        kv("CONTROL_S", self.control_s.to_string());
+        kv("TRACK_LIMIT_S", self.track_limit_s.to_string());
+        kv("HOLD_S", self.hold_s.to_string());
+        kv("BOOT_LIMIT_S", self.boot_limit_s.to_string());
+        kv("TARGET_SHARE", self.target_share.to_string());
+        kv("DAEMON_INTERVAL_MS", self.daemon_interval_ms.to_string());
+        kv(
+            "CHANNEL_MIN_INTERVAL_MS",
+            self.channel_min_interval_ms.to_string(),
+        );
+        kv("RATE_MBPS", self.rate_mbps.to_string());
+        kv("MODULE_PARAMS", self.module_params.clone());
+        kv("GUPS_ARGS", self.gups_args());
+        for (k, v) in extra {
+            kv(k, v.clone());
+        }
+        s
+    }
+
+    pub fn from_env(text: &str) -> anyhow::Result<Settings> {
+        let map: BTreeMap<&str, String> = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim(), v.trim().trim_matches('\'').to_string()))
+            .collect();
+        let get = |k: &str| {
+            map.get(k)
+                .with_context(|| format!("testbed.env: {k} missing"))
+        };
+        let num = |k: &str| -> anyhow::Result<u64> {
+            get(k)?
+                .parse()
+                .with_context(|| format!("testbed.env: {k} is not a number"))
+        };
+        let s = Settings {
+            guest_mib: num("GUEST_MIB")?,
+            work_mib: num("WORK_MIB")?,
+            hot_mib: num("HOT_MIB")?,
+            cold_period_s: num("COLD_PERIOD_S")?,
+            quota_mib: num("QUOTA_MIB")?,
+            control_s: num("CONTROL_S")?,
+            track_limit_s: num("TRACK_LIMIT_S")?,
+            hold_s: num("HOLD_S")?,
+            boot_limit_s: num("BOOT_LIMIT_S")?,
+            target_share: get("TARGET_SHARE")?
+                .parse()
+                .context("testbed.env: TARGET_SHARE is not a number")?,
+            daemon_interval_ms: num("DAEMON_INTERVAL_MS")?,
+            channel_min_interval_ms: num("CHANNEL_MIN_INTERVAL_MS")?,
+            rate_mbps: num("RATE_MBPS")?,
+            module_params: get("MODULE_PARAMS")?.clone(),
+        };
+        s.validate()?;
+        Ok(s)
+    }
+}
+
+fn shell_quote(v: &str) -> String {
+    if v.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "_-+.,=/:".contains(c))
+    {
+        v.to_string()
+    } else {
+        format!("'{}'", v.replace('\'', ""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_roundtrip_for_both_profiles() {
+        for p in [Profile::Test, Profile::Demo] {
+            let s = Settings::for_profile(p);
+            s.validate().unwrap();
+            let text = s.to_env(&[("BIN", "/x/vtism".into())]);
+            assert!(text.contains("BIN=/x/vtism\n"));
+            assert_eq!(Settings::from_env(&text).unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn env_names_the_missing_or_bad_key() {
+        let text = Settings::for_profile(Profile::Test).to_env(&[]);
+        let e = Settings::from_env(&text.replace("QUOTA_MIB=20", "QUOTA_MIB=lots")).unwrap_err();
+        assert!(format!("{e:#}").contains("QUOTA_MIB"), "{e:#}");
+        let e = Settings::from_env(&text.replace("HOLD_S=5\n", "")).unwrap_err();
+        assert!(format!("{e:#}").contains("HOLD_S"), "{e:#}");
+    }
+}
