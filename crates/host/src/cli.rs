@@ -75,15 +75,26 @@ pub fn host_main(args: HostArgs) -> anyhow::Result<()> {
     let (cfg, path) = load_config(&args)?;
     if args.check_config || args.print_topology {
         let topo = HostTopology::read(&cfg.daemon.sysfs_root, &cfg.topology).context("topology")?;
+        let fast = topo.fast_capacity_bytes();
+        let pool = cfg.pool_fast_bytes(fast)?;
         if args.print_topology {
             println!("{}", serde_json::to_string_pretty(&topo)?);
         } else {
             println!(
-                "configuration OK: {} node(s) ({} fast), {} [[vm]] entr{}",
+                "configuration OK: {} node(s) ({} fast), {} [[vm]] entr{}; {}",
                 topo.nodes.len(),
                 topo.fast_nodes().len(),
                 cfg.vms.len(),
-                if cfg.vms.len() == 1 { "y" } else { "ies" }
+                if cfg.vms.len() == 1 { "y" } else { "ies" },
+                match cfg.pool.mode {
+                    crate::config::PoolModeConfig::Island =>
+                        "island mode (fixed quotas)".to_string(),
+                    crate::config::PoolModeConfig::Pool => format!(
+                        "pool mode, {} MiB of the fast nodes' {} MiB shared",
+                        pool >> 20,
+                        fast >> 20
+                    ),
+                }
             );
         }
         return Ok(());
@@ -113,8 +124,18 @@ fn human(b: u64) -> String {
 pub fn status_table(v: &serde_json::Value) -> String {
     let mut out = String::new();
     let d = &v["daemon"];
+    let p = &v["pool"];
+    let pool = match (p["mode"].as_str(), p["fast_bytes"].as_u64()) {
+        (Some("pool"), Some(b)) => format!(
+            "  pool {} ({} allocated)",
+            human(b),
+            human(p["allocated_bytes"].as_u64().unwrap_or(0))
+        ),
+        (Some(m), _) => format!("  {m} mode"),
+        _ => String::new(),
+    };
     out.push_str(&format!(
-        "vtismd pid {}  up {:.0}s  rounds {}  plans {}  cpu {:.2}s  vms {}\n",
+        "vtismd pid {}  up {:.0}s  rounds {}  plans {}  cpu {:.2}s  vms {}{pool}\n",
         d["pid"],
         d["uptime_s"].as_f64().unwrap_or(0.0),
         d["rounds"],
@@ -148,7 +169,42 @@ pub fn status_table(v: &serde_json::Value) -> String {
             out.push_str(&format!("  channel: {p}\n"));
         }
     }
+    let vms: Vec<&serde_json::Value> = v["vms"].as_array().into_iter().flatten().collect();
+    if vms.iter().any(|vm| !vm["quota_min_bytes"].is_null()) {
+        out.push_str(&format!(
+            "{:<16} {:>10} {:>10} {:>10} {:>7} {:>10}  LAST QUOTA CHANGE\n",
+            "VM", "QUOTA", "MIN", "MAX", "SHARES", "HOT SET"
+        ));
+        for vm in vms {
+            let b = |k: &str| vm[k].as_u64().map_or_else(|| "-".to_string(), human);
+            out.push_str(&format!(
+                "{:<16} {:>10} {:>10} {:>10} {:>7} {:>10}  {}\n",
+                vm["name"].as_str().unwrap_or("?"),
+                b("quota_bytes"),
+                b("quota_min_bytes"),
+                b("quota_max_bytes"),
+                vm["shares"],
+                b("hot_set_bytes"),
+                quota_change(&vm["last_quota_change"]),
+            ));
+        }
+    }
     out
+}
+
+/// `grow 24.0MiB -> 30.0MiB 3.2s ago (hot set 32.0MiB)`, or `-`.
+fn quota_change(c: &serde_json::Value) -> String {
+    let Some(reason) = c["reason"].as_str() else {
+        return "-".into();
+    };
+    let b = |k: &str| human(c[k].as_u64().unwrap_or(0));
+    format!(
+        "{reason} {} -> {} {:.1}s ago (hot set {})",
+        b("from_bytes"),
+        b("to_bytes"),
+        c["age_s"].as_f64().unwrap_or(0.0),
+        b("hot_set_bytes")
+    )
 }
 
 pub fn ctl_main(args: CtlArgs) -> anyhow::Result<()> {
@@ -217,5 +273,52 @@ mod tests {
             "{t}"
         );
         assert!(t.lines().count() == 3);
+    }
+
+    #[test]
+    fn table_shows_quota_limits_and_why_it_changed() {
+        let v = serde_json::json!({
+            "daemon": {"pid": 7, "uptime_s": 3.0, "rounds": 5, "plans": 2, "cpu_seconds": 0.5},
+            "pool": {"mode": "pool", "fast_bytes": 50331648u64, "allocated_bytes": 50331648u64},
+            "vms": [{"name": "p1", "pid": 99, "ram_bytes": 67108864u64, "quota_bytes": 31457280u64,
+                     "quota_min_bytes": 18874368u64, "quota_max_bytes": 31457280u64, "shares": 24,
+                     "hot_set_bytes": 33554432u64, "fast_bytes": 0, "slow_bytes": 0,
+                     "last_round": 3, "last_round_age_s": 0.1, "rounds_rejected": 0,
+                     "last_quota_change": {"from_bytes": 25165824u64, "to_bytes": 31457280u64,
+                        "hot_set_bytes": 33554432u64, "reason": "grow", "age_s": 3.25}},
+                    {"name": "p2", "pid": 98, "ram_bytes": 67108864u64, "quota_bytes": 18874368u64,
+                     "quota_min_bytes": 18874368u64, "quota_max_bytes": 31457280u64, "shares": 24,
+                     "hot_set_bytes": 0, "last_quota_change": null}]
+        });
+        let t = status_table(&v);
+        assert!(
+            t.lines()
+                .next()
+                .unwrap()
+                .ends_with("pool 48.0MiB (48.0MiB allocated)"),
+            "{t}"
+        );
+        let p1 = t
+            .lines()
+            .filter(|l| l.starts_with("p1 "))
+            .nth(1)
+            .expect("quota row");
+        assert!(
+            p1.contains("30.0MiB") && p1.contains("18.0MiB") && p1.contains(" 24 "),
+            "{p1}"
+        );
+        assert!(
+            p1.ends_with("grow 24.0MiB -> 30.0MiB 3.2s ago (hot set 32.0MiB)"),
+            "{p1}"
+        );
+        let p2 = t
+            .lines()
+            .filter(|l| l.starts_with("p2 "))
+            .nth(1)
+            .expect("quota row");
+        assert!(p2.ends_with(" -"), "{p2}");
+        // Without pool data (an older daemon) there is no quota table.
+        let old = serde_json::json!({"daemon": {}, "vms": [{"name": "a"}]});
+        assert!(!status_table(&old).contains("LAST QUOTA CHANGE"));
     }
 }

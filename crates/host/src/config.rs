@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use vtism_engine::EngineParams;
+use vtism_engine::{EngineParams, Nanos, PoolMode, PoolParams, VmLimits};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -18,6 +18,62 @@ pub struct Config {
     #[serde(rename = "vm")]
     pub vms: Vec<VmConfig>,
     pub engine: EngineParams,
+    pub pool: PoolConfig,
+}
+
+/// How fast memory is divided among the VMs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolModeConfig {
+    /// Fixed quotas: each VM keeps its initial share (`fast_quota_mib`/`_percent`).
+    #[default]
+    Island,
+    /// One pool of fast memory: quotas follow each VM's hot set, within its limits.
+    Pool,
+}
+
+impl PoolModeConfig {
+    pub fn label(self) -> &'static str {
+        match self {
+            PoolModeConfig::Island => "island",
+            PoolModeConfig::Pool => "pool",
+        }
+    }
+}
+
+/// `[pool]`: one pool of fast memory shared by the VMs (HMM-V's pool mode).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    pub mode: PoolModeConfig,
+    /// Fast memory the pool hands out; 0 = the fast nodes' capacity less the reserve.
+    pub fast_mib: u64,
+    /// Share of the fast nodes' capacity kept back for the host when `fast_mib` is 0.
+    pub reserve_percent: f64,
+    /// How often quotas are rebalanced.
+    pub rebalance_interval_ms: u64,
+    /// A quota moves at most this share of the pool per rebalance.
+    pub max_step_percent: f64,
+    /// Quota changes smaller than this share of the VM's quota are not made.
+    pub hysteresis_percent: f64,
+    /// Fast memory a VM is given above its hot set, as a share of the hot set.
+    pub headroom_percent: f64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        // The engine's defaults (PoolParams), in the file's units.
+        let p = PoolParams::default();
+        PoolConfig {
+            mode: PoolModeConfig::Island,
+            fast_mib: 0,
+            reserve_percent: 10.0,
+            rebalance_interval_ms: p.rebalance_interval.0 / 1_000_000,
+            max_step_percent: p.max_step_fraction * 100.0,
+            hysteresis_percent: p.hysteresis_fraction * 100.0,
+            headroom_percent: p.headroom_fraction * 100.0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -193,6 +249,10 @@ pub struct VmDefaults {
     pub fast_quota_percent: f64,
     /// Manage VMs found by discovery that have no [[vm]] entry.
     pub manage_discovered: bool,
+    /// Pool mode: guaranteed minimum and maximum quota, % of the VM's initial share (HMM-V: 75
+    /// and 125).
+    pub quota_min_percent: f64,
+    pub quota_max_percent: f64,
 }
 
 impl Default for VmDefaults {
@@ -200,8 +260,20 @@ impl Default for VmDefaults {
         VmDefaults {
             fast_quota_percent: 25.0,
             manage_discovered: true,
+            quota_min_percent: 75.0,
+            quota_max_percent: 125.0,
         }
     }
+}
+
+/// A VM's fast-memory limits in bytes (4 KiB multiples): its initial share (the island-mode
+/// quota) and, for pool mode, the guaranteed minimum, the maximum and the weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct QuotaLimits {
+    pub share_bytes: u64,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub shares: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -213,8 +285,18 @@ pub struct VmConfig {
     pub qmp_socket: Option<PathBuf>,
     /// Channel file; default: the ivshmem backend's `mem-path`.
     pub channel: Option<PathBuf>,
+    /// Initial share of fast memory (island mode: the fixed quota), in MiB or % of the VM's RAM.
     pub fast_quota_mib: Option<u64>,
     pub fast_quota_percent: Option<f64>,
+    /// Pool mode: guaranteed minimum quota, in MiB or % of the initial share.
+    pub quota_min_mib: Option<u64>,
+    pub quota_min_percent: Option<f64>,
+    /// Pool mode: maximum quota, in MiB or % of the initial share.
+    pub quota_max_mib: Option<u64>,
+    pub quota_max_percent: Option<f64>,
+    /// Pool mode: weight in the share-based split of the pool; default: the initial share in
+    /// MiB, so quotas without demand are in proportion to the configured shares.
+    pub shares: Option<u32>,
     /// NUMA node of the VM's vCPUs; default: from the vCPU threads' affinity.
     pub home_node: Option<u8>,
     /// Per-VM rate limits in MB/s, overriding mover.vm_*_mbps.
@@ -368,6 +450,15 @@ impl Config {
             "defaults.fast_quota_percent",
             self.defaults.fast_quota_percent,
         )?;
+        check_min_percent(
+            "defaults.quota_min_percent",
+            self.defaults.quota_min_percent,
+        )?;
+        check_max_percent(
+            "defaults.quota_max_percent",
+            self.defaults.quota_max_percent,
+        )?;
+        self.validate_pool()?;
         let mut names = std::collections::BTreeSet::new();
         for (i, v) in self.vms.iter().enumerate() {
             if v.name.is_empty() && v.qmp_socket.is_none() {
@@ -394,11 +485,161 @@ impl Config {
             if v.home_node.is_some_and(|h| h > vtism_engine::NodeId::MAX) {
                 return Err(invalid(format!("vm[{i}].home_node"), "not a node id"));
             }
+            validate_vm_limits(i, v)?;
+        }
+        if self.pool.mode == PoolModeConfig::Pool && self.pool.fast_mib > 0 {
+            // Minimums known from the file alone (MiB, or % of a share given in MiB) must fit.
+            let mins: u64 = self
+                .vms
+                .iter()
+                .filter(|v| !v.ignore)
+                .filter_map(
+                    |v| match (v.quota_min_mib, v.quota_min_percent, v.fast_quota_mib) {
+                        (Some(m), _, _) => Some(m),
+                        (None, p, Some(share)) => {
+                            Some(pct(share, p.unwrap_or(self.defaults.quota_min_percent)))
+                        }
+                        _ => None,
+                    },
+                )
+                .sum();
+            if mins > self.pool.fast_mib {
+                return Err(invalid(
+                    "pool.fast_mib",
+                    format!(
+                        "the [[vm]] minimums add up to {mins} MiB, more than the pool's {} MiB",
+                        self.pool.fast_mib
+                    ),
+                ));
+            }
         }
         self.engine
             .validate()
             .map_err(|e| invalid(format!("engine.{}", e.field), e.problem))?;
         Ok(())
+    }
+
+    fn validate_pool(&self) -> Result<(), ConfigError> {
+        let p = &self.pool;
+        if !(0.0..100.0).contains(&p.reserve_percent) {
+            return Err(invalid(
+                "pool.reserve_percent",
+                "must be at least 0 and below 100",
+            ));
+        }
+        if !(100..=3_600_000).contains(&p.rebalance_interval_ms) {
+            return Err(invalid(
+                "pool.rebalance_interval_ms",
+                "must be between 100 and 3600000",
+            ));
+        }
+        if !(p.max_step_percent > 0.0 && p.max_step_percent <= 100.0) {
+            return Err(invalid(
+                "pool.max_step_percent",
+                "must be above 0 and at most 100",
+            ));
+        }
+        if !(0.0..100.0).contains(&p.hysteresis_percent) {
+            return Err(invalid(
+                "pool.hysteresis_percent",
+                "must be at least 0 and below 100",
+            ));
+        }
+        if !(0.0..=1000.0).contains(&p.headroom_percent) {
+            return Err(invalid(
+                "pool.headroom_percent",
+                "must be between 0 and 1000",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Fast memory the pool hands out, given the fast nodes' total capacity: `pool.fast_mib`, or
+    /// the capacity less `pool.reserve_percent`. Errors name `pool.fast_mib`.
+    pub fn pool_fast_bytes(&self, fast_capacity_bytes: u64) -> Result<u64, ConfigError> {
+        if self.pool.fast_mib > 0 {
+            let b = self.pool.fast_mib.saturating_mul(1 << 20);
+            if b > fast_capacity_bytes {
+                return Err(invalid(
+                    "pool.fast_mib",
+                    format!(
+                        "{} MiB is more than the fast nodes hold ({} MiB)",
+                        self.pool.fast_mib,
+                        fast_capacity_bytes >> 20
+                    ),
+                ));
+            }
+            return Ok(b);
+        }
+        let keep = 1.0 - self.pool.reserve_percent / 100.0;
+        Ok(((fast_capacity_bytes as f64 * keep) as u64) & !4095)
+    }
+
+    /// A VM's limits: its initial share (`quota_for`), and minimum and maximum from MiB or from
+    /// percentages of that share, clamped so that min <= share <= max <= RAM.
+    pub fn limits_for(&self, entry: Option<&VmConfig>, ram_bytes: u64) -> QuotaLimits {
+        let share = self.quota_for(entry, ram_bytes);
+        let d = &self.defaults;
+        let bytes = |mib: Option<u64>, p: Option<f64>, default_p: f64| match mib {
+            Some(m) => m.saturating_mul(1 << 20),
+            None => (share as f64 * p.unwrap_or(default_p) / 100.0) as u64,
+        };
+        let min = bytes(
+            entry.and_then(|e| e.quota_min_mib),
+            entry.and_then(|e| e.quota_min_percent),
+            d.quota_min_percent,
+        );
+        let max = bytes(
+            entry.and_then(|e| e.quota_max_mib),
+            entry.and_then(|e| e.quota_max_percent),
+            d.quota_max_percent,
+        );
+        let max = max.max(share).min(ram_bytes) & !4095;
+        let min = min.min(share) & !4095;
+        QuotaLimits {
+            share_bytes: share,
+            min_bytes: min,
+            max_bytes: max,
+            shares: entry
+                .and_then(|e| e.shares)
+                .unwrap_or_else(|| (share >> 20).clamp(1, u64::from(u32::MAX)) as u32),
+        }
+    }
+
+    /// The engine's pool parameters. Island mode keeps every VM at its initial share whatever
+    /// the sum (as before pools existed), so its pool is unbounded; pool mode hands out
+    /// `pool_fast_bytes`.
+    pub fn pool_params(&self, fast_capacity_bytes: u64) -> Result<PoolParams, ConfigError> {
+        let p = &self.pool;
+        let (mode, fast_bytes) = match p.mode {
+            PoolModeConfig::Island => (PoolMode::Island, ISLAND_POOL_BYTES),
+            PoolModeConfig::Pool => (PoolMode::Pool, self.pool_fast_bytes(fast_capacity_bytes)?),
+        };
+        Ok(PoolParams {
+            mode,
+            fast_bytes,
+            rebalance_interval: Nanos(p.rebalance_interval_ms.saturating_mul(1_000_000)),
+            max_step_fraction: p.max_step_percent / 100.0,
+            hysteresis_fraction: p.hysteresis_percent / 100.0,
+            headroom_fraction: p.headroom_percent / 100.0,
+        })
+    }
+
+    /// The limits the engine's pool gets for a VM: in island mode its share exactly (a fixed
+    /// quota), in pool mode its minimum, maximum and shares.
+    pub fn engine_limits(&self, l: &QuotaLimits) -> VmLimits {
+        match self.pool.mode {
+            PoolModeConfig::Island => VmLimits {
+                min_bytes: l.share_bytes,
+                max_bytes: l.share_bytes,
+                shares: 1,
+            },
+            PoolModeConfig::Pool => VmLimits {
+                min_bytes: l.min_bytes,
+                max_bytes: l.max_bytes,
+                shares: l.shares,
+            },
+        }
     }
 
     /// The [[vm]] entry for a VM, by name or by socket.
@@ -428,6 +669,89 @@ impl Config {
         };
         q.min(ram_bytes) & !4095
     }
+}
+
+/// Island mode's pool: large enough that fixed quotas always fit (their sum is not checked,
+/// as before pools existed), small enough that sums of quotas cannot overflow.
+pub const ISLAND_POOL_BYTES: u64 = u64::MAX >> 8;
+
+fn pct(mib: u64, percent: f64) -> u64 {
+    (mib as f64 * percent / 100.0) as u64
+}
+
+fn check_min_percent(field: &str, p: f64) -> Result<(), ConfigError> {
+    if !(0.0..=100.0).contains(&p) {
+        return Err(invalid(
+            field,
+            "must be between 0 and 100 (% of the initial share)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_max_percent(field: &str, p: f64) -> Result<(), ConfigError> {
+    if !(100.0..=10000.0).contains(&p) {
+        return Err(invalid(
+            field,
+            "must be between 100 and 10000 (% of the initial share)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_shares(field: &str, s: u32) -> Result<(), ConfigError> {
+    if s == 0 {
+        return Err(invalid(field, "must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Per-VM limits: one form each for min and max, min <= share <= max where the file says so.
+fn validate_vm_limits(i: usize, v: &VmConfig) -> Result<(), ConfigError> {
+    if let Some(p) = v.quota_min_percent {
+        check_min_percent(&format!("vm[{i}].quota_min_percent"), p)?;
+    }
+    if let Some(p) = v.quota_max_percent {
+        check_max_percent(&format!("vm[{i}].quota_max_percent"), p)?;
+    }
+    if let Some(s) = v.shares {
+        check_shares(&format!("vm[{i}].shares"), s)?;
+    }
+    if v.quota_min_mib.is_some() && v.quota_min_percent.is_some() {
+        return Err(invalid(
+            format!("vm[{i}].quota_min_mib"),
+            "set quota_min_mib or quota_min_percent, not both",
+        ));
+    }
+    if v.quota_max_mib.is_some() && v.quota_max_percent.is_some() {
+        return Err(invalid(
+            format!("vm[{i}].quota_max_mib"),
+            "set quota_max_mib or quota_max_percent, not both",
+        ));
+    }
+    if let (Some(lo), Some(hi)) = (v.quota_min_mib, v.quota_max_mib) {
+        if lo > hi {
+            return Err(invalid(
+                format!("vm[{i}].quota_min_mib"),
+                format!("{lo} MiB is above quota_max_mib ({hi} MiB)"),
+            ));
+        }
+    }
+    if let Some(share) = v.fast_quota_mib {
+        if v.quota_min_mib.is_some_and(|m| m > share) {
+            return Err(invalid(
+                format!("vm[{i}].quota_min_mib"),
+                format!("must not exceed the initial share (fast_quota_mib = {share})"),
+            ));
+        }
+        if v.quota_max_mib.is_some_and(|m| m < share) {
+            return Err(invalid(
+                format!("vm[{i}].quota_max_mib"),
+                format!("must not be below the initial share (fast_quota_mib = {share})"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_percent(field: &str, p: f64) -> Result<(), ConfigError> {
@@ -504,5 +828,139 @@ mod tests {
         assert_eq!(c.quota_for(None, ram), 128 << 20);
         let big = Config::parse("[[vm]]\nname = \"a\"\nfast_quota_mib = 999999\n").unwrap();
         assert_eq!(big.quota_for(big.vms.first(), ram), ram);
+    }
+
+    #[test]
+    fn pool_section_and_vm_limits_parse() {
+        let c = Config::parse(
+            r#"
+[pool]
+mode = "pool"
+fast_mib = 96
+rebalance_interval_ms = 1000
+max_step_percent = 25
+hysteresis_percent = 2
+headroom_percent = 20
+[defaults]
+quota_min_percent = 50
+[[vm]]
+name = "a"
+fast_quota_mib = 40
+quota_max_mib = 60
+shares = 300
+[[vm]]
+name = "b"
+fast_quota_mib = 40
+quota_min_mib = 10
+quota_max_percent = 150
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.pool.mode, PoolModeConfig::Pool);
+        assert_eq!(c.pool.rebalance_interval_ms, 1000);
+        let ram = 256 << 20;
+        let a = c.limits_for(c.vm_entry("a", Path::new("/x")), ram);
+        assert_eq!(
+            a,
+            QuotaLimits {
+                share_bytes: 40 << 20,
+                min_bytes: 20 << 20, // defaults.quota_min_percent of the share
+                max_bytes: 60 << 20,
+                shares: 300,
+            }
+        );
+        let b = c.limits_for(c.vm_entry("b", Path::new("/x")), ram);
+        assert_eq!(
+            (b.min_bytes, b.max_bytes, b.shares),
+            (10 << 20, 60 << 20, 40) // shares default to the share in MiB
+        );
+        // A VM without an entry: HMM-V's 75% / 125% of a share of 25% of its RAM, 4 KiB frames.
+        let d = Config::default().limits_for(None, 100 << 20);
+        assert_eq!(d.share_bytes, (25 << 20) & !4095);
+        assert_eq!(d.min_bytes, ((25u64 << 20) * 3 / 4) & !4095);
+        assert_eq!(d.max_bytes, ((25u64 << 20) * 5 / 4) & !4095);
+        // The maximum never exceeds the VM's RAM, the minimum never exceeds the share.
+        let e = Config::parse(
+            "[[vm]]\nname = \"e\"\nfast_quota_percent = 90\nquota_max_percent = 400\nquota_min_mib = 500\n",
+        )
+        .unwrap();
+        let l = e.limits_for(e.vms.first(), 64 << 20);
+        assert_eq!(l.max_bytes, 64 << 20);
+        assert_eq!(l.min_bytes, l.share_bytes);
+        assert_eq!(Config::default().pool.mode, PoolModeConfig::Island);
+    }
+
+    #[test]
+    fn pool_errors_name_the_field() {
+        let cases = [
+            ("[pool]\nmode = \"shared\"\n", "mode"),
+            ("[pool]\nreserve_percent = 100\n", "pool.reserve_percent"),
+            ("[pool]\nrebalance_interval_ms = 5\n", "pool.rebalance_interval_ms"),
+            ("[pool]\nmax_step_percent = 0\n", "pool.max_step_percent"),
+            ("[pool]\nhysteresis_percent = nan\n", "pool.hysteresis_percent"),
+            ("[pool]\nheadroom_percent = -1\n", "pool.headroom_percent"),
+            ("[defaults]\nquota_min_percent = 101\n", "defaults.quota_min_percent"),
+            ("[defaults]\nquota_max_percent = 99\n", "defaults.quota_max_percent"),
+            ("[[vm]]\nname = \"a\"\nshares = 0\n", "vm[0].shares"),
+            (
+                "[[vm]]\nname = \"a\"\nquota_min_mib = 1\nquota_min_percent = 50\n",
+                "vm[0].quota_min_mib",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nquota_max_mib = 1\nquota_max_percent = 150\n",
+                "vm[0].quota_max_mib",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nquota_min_mib = 8\nquota_max_mib = 4\n",
+                "vm[0].quota_min_mib",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nfast_quota_mib = 16\nquota_max_mib = 8\n",
+                "vm[0].quota_max_mib",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nfast_quota_mib = 16\nquota_min_mib = 32\n",
+                "vm[0].quota_min_mib",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nquota_max_percent = 50\n",
+                "vm[0].quota_max_percent",
+            ),
+            (
+                "[pool]\nmode = \"pool\"\nfast_mib = 32\n[[vm]]\nname = \"a\"\nfast_quota_mib = 32\n[[vm]]\nname = \"b\"\nquota_min_mib = 9\n",
+                "pool.fast_mib",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = Config::parse(text).unwrap_err();
+            assert!(e.to_string().contains(field), "{text}: {e}");
+            if field.contains('.') {
+                assert_eq!(e.field(), Some(field), "{text}: {e}");
+            }
+        }
+        // The same minimums fit a pool of 33 MiB (24 MiB = 75% of 32, plus 9).
+        Config::parse(
+            "[pool]\nmode = \"pool\"\nfast_mib = 33\n[[vm]]\nname = \"a\"\nfast_quota_mib = 32\n[[vm]]\nname = \"b\"\nquota_min_mib = 9\n",
+        )
+        .unwrap();
+        // Island mode does not check minimums against the pool.
+        Config::parse("[pool]\nfast_mib = 1\n[[vm]]\nname = \"a\"\nfast_quota_mib = 32\n").unwrap();
+    }
+
+    #[test]
+    fn pool_size_from_the_fast_nodes() {
+        let gib = 1u64 << 30;
+        let c = Config::default();
+        // 10% kept back, rounded down to frames.
+        assert_eq!(
+            c.pool_fast_bytes(2 * gib).unwrap(),
+            (2 * gib * 9 / 10) & !4095
+        );
+        let c = Config::parse("[pool]\nreserve_percent = 0\n").unwrap();
+        assert_eq!(c.pool_fast_bytes(2 * gib).unwrap(), 2 * gib);
+        let c = Config::parse("[pool]\nfast_mib = 512\n").unwrap();
+        assert_eq!(c.pool_fast_bytes(2 * gib).unwrap(), 512 << 20);
+        let e = c.pool_fast_bytes(256 << 20).unwrap_err();
+        assert_eq!(e.field(), Some("pool.fast_mib"), "{e}");
     }
 }

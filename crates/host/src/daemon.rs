@@ -1,7 +1,7 @@
 //! The daemon's main loop: discover VMs, read their channels, reconcile placement, plan, hand
 //! plans to the mover, publish metrics and status.
 
-use crate::config::Config;
+use crate::config::{Config, QuotaLimits};
 use crate::mover::{Dir, Limits, Mover, MoverSettings, PageOutcome};
 use crate::mtree::GuestMemory;
 use crate::qmp::{Qmp, QmpError};
@@ -17,7 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
-use vtism_engine::{Nanos, NodeId, Observation, PlanContext, Policy, VmId, VmSpec, VtismPolicy};
+use vtism_engine::{
+    FastPool, Nanos, NodeId, Observation, PlanContext, Policy, QuotaChange, QuotaReason, VmId,
+    VmSpec, VtismPolicy,
+};
 use vtism_proto::layout::off;
 use vtism_proto::{
     write_feedback, ChannelReader, Feedback, Gfn, RejectReason, SharedRegion, FRAME_SIZE,
@@ -48,7 +51,17 @@ struct ManagedVm {
     reader: ChannelReader,
     over_budget: u64,
     quota: u64,
+    /// Limits from the configuration (the pool gets them through `Config::engine_limits`).
+    limits: QuotaLimits,
+    /// An accepted hint round since the VM was (re-)registered with the engine: only then is
+    /// its hot-set estimate demand (a VM without hints keeps the pool's last estimate).
+    hinted: bool,
+    /// The last quota change and the count of changes by reason.
+    last_change: Option<QuotaChange>,
+    quota_changes: BTreeMap<&'static str, u64>,
     home: Option<u8>,
+    /// A different home seen at the last refresh (moved only when seen twice in a row).
+    home_candidate: Option<u8>,
     attached: Instant,
     last_round: u64,
     last_round_at: Option<Instant>,
@@ -85,12 +98,16 @@ pub struct Daemon {
     config_path: Option<PathBuf>,
     topo: HostTopology,
     engine: VtismPolicy,
+    /// Fast-memory quotas across VMs (island: fixed shares; pool: by hot set).
+    pool: FastPool,
     vms: BTreeMap<VmId, ManagedVm>,
     next_id: u32,
     mover: Mover,
     backoff: HashMap<PathBuf, Instant>,
     last_scan: Option<Instant>,
     epoch: Instant,
+    /// Wall-clock time of `epoch`, for the timestamps of quota changes.
+    epoch_unix: f64,
     totals: Totals,
     shared: Shared,
     ctl_rx: mpsc::Receiver<CtlRequest>,
@@ -137,6 +154,23 @@ fn start_mover(cfg: &Config, topo: &HostTopology) -> Mover {
     )
 }
 
+fn make_pool(cfg: &Config, topo: &HostTopology) -> anyhow::Result<FastPool> {
+    let params = cfg.pool_params(topo.fast_capacity_bytes())?;
+    Ok(FastPool::new(params)?)
+}
+
+/// The label of a quota change reason (its serde name: `initial`, `grow`, ...).
+pub fn reason_label(r: QuotaReason) -> &'static str {
+    match r {
+        QuotaReason::Initial => "initial",
+        QuotaReason::Config => "config",
+        QuotaReason::Grow => "grow",
+        QuotaReason::Shrink => "shrink",
+        QuotaReason::Reclaim => "reclaim",
+        QuotaReason::Clamp => "clamp",
+    }
+}
+
 fn make_engine(cfg: &Config, topo: &HostTopology) -> anyhow::Result<VtismPolicy> {
     VtismPolicy::new(topo.engine.clone(), cfg.engine.clone())
         .map_err(|e| anyhow::anyhow!("engine.{}: {}", e.field, e.problem))
@@ -159,6 +193,17 @@ impl Daemon {
             );
         }
         let engine = make_engine(&cfg, &topo)?;
+        let pool = make_pool(&cfg, &topo)?;
+        match cfg.pool.mode {
+            crate::config::PoolModeConfig::Pool => info!(
+                fast_mib = pool.params().fast_bytes >> 20,
+                fast_nodes_mib = topo.fast_capacity_bytes() >> 20,
+                "fast memory: one pool, quotas follow each VM's hot set"
+            ),
+            crate::config::PoolModeConfig::Island => {
+                info!("fast memory: island mode, fixed quotas")
+            }
+        }
         let mover = start_mover(&cfg, &topo);
         let (ctl_tx, ctl_rx) = mpsc::channel();
         let (attach_tx, attach_rx) = mpsc::channel();
@@ -167,12 +212,16 @@ impl Daemon {
             config_path,
             topo,
             engine,
+            pool,
             vms: BTreeMap::new(),
             next_id: 1,
             mover,
             backoff: HashMap::new(),
             last_scan: None,
             epoch: Instant::now(),
+            epoch_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
             totals: Totals {
                 latency: Some(Histogram::new(&[
                     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
@@ -294,36 +343,57 @@ impl Daemon {
 
     pub fn apply_config(&mut self, cfg: Config) -> anyhow::Result<()> {
         let topo = HostTopology::read(&cfg.daemon.sysfs_root, &cfg.topology)?;
+        // VMs the new configuration ignores are let go (below); they leave the pool first, so
+        // their minimums do not count against the new limits.
+        let ignored: Vec<VmId> = self
+            .vms
+            .values()
+            .filter(|v| cfg.vm_entry(&v.name, &v.socket).is_some_and(|e| e.ignore))
+            .map(|v| v.id)
+            .collect();
+        // The new pool is built on a copy: a pool whose minimums do not fit fails the reload
+        // and changes nothing.
+        let now_ns = self.now();
+        let mut limits = BTreeMap::new();
+        for v in self.vms.values().filter(|v| !ignored.contains(&v.id)) {
+            let entry = cfg.vm_entry(&v.name, &v.socket);
+            limits.insert(v.id, cfg.limits_for(entry, v.memory.bytes()));
+        }
+        let (pool, changes) = self.reconfigured_pool(&cfg, &topo, &ignored, &limits, now_ns)?;
         let topo_changed = topo.nodes != self.topo.nodes;
         if topo_changed || cfg.engine != self.cfg.engine || cfg.mover != self.cfg.mover {
             // The plan in flight is abandoned (its queued batches are dropped; a move_pages call
             // under way finishes): the new engine relearns placement by reconciling.
             let mut engine = make_engine(&cfg, &topo)?;
-            self.mover.shutdown();
-            self.mover = start_mover(&cfg, &topo);
-            for v in self.vms.values_mut() {
-                v.cursor = 0;
-                v.full_sweeps = 0;
-                let entry = cfg.vm_entry(&v.name, &v.socket).cloned();
-                v.quota = cfg.quota_for(entry.as_ref(), v.memory.bytes());
+            for v in self.vms.values() {
                 let home = v.home.filter(|h| topo.node(*h).is_some());
                 engine
                     .add_vm(VmSpec {
                         id: v.id,
                         ram: v.memory.ram.clone(),
-                        fast_quota_bytes: v.quota,
+                        fast_quota_bytes: pool.quota(v.id).unwrap_or(v.quota),
                         home_node: home.map(NodeId),
                     })
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
             }
+            self.mover.shutdown();
+            self.mover = start_mover(&cfg, &topo);
+            for v in self.vms.values_mut() {
+                v.cursor = 0;
+                v.full_sweeps = 0;
+                v.hinted = false;
+            }
             self.engine = engine;
             self.topo = topo;
-        } else {
-            for v in self.vms.values_mut() {
-                let entry = cfg.vm_entry(&v.name, &v.socket).cloned();
-                v.quota = cfg.quota_for(entry.as_ref(), v.memory.bytes());
-                let _ = self.engine.set_quota(v.id, v.quota);
+        }
+        self.pool = pool;
+        for (id, l) in limits {
+            if let Some(v) = self.vms.get_mut(&id) {
+                v.limits = l;
             }
+        }
+        for c in changes {
+            self.apply_quota_change(c);
         }
         let now = Instant::now();
         {
@@ -341,13 +411,6 @@ impl Daemon {
                 );
             }
         }
-        // VMs the new configuration ignores are let go.
-        let ignored: Vec<VmId> = self
-            .vms
-            .values()
-            .filter(|v| cfg.vm_entry(&v.name, &v.socket).is_some_and(|e| e.ignore))
-            .map(|v| v.id)
-            .collect();
         self.cfg = cfg;
         for id in ignored {
             self.drop_vm(id, "ignored by the configuration");
@@ -355,6 +418,102 @@ impl Daemon {
         self.backoff.clear();
         self.last_scan = None;
         Ok(())
+    }
+
+    /// The pool under a new configuration, and the quota changes that gives (not applied yet).
+    /// Parameters and limits are changed in whichever order is feasible: a pool shrinking under
+    /// the old minimums needs the new limits first, limits raised beyond the old pool need the
+    /// new size first.
+    fn reconfigured_pool(
+        &self,
+        cfg: &Config,
+        topo: &HostTopology,
+        ignored: &[VmId],
+        limits: &BTreeMap<VmId, QuotaLimits>,
+        now: Nanos,
+    ) -> anyhow::Result<(FastPool, Vec<QuotaChange>)> {
+        let params = cfg.pool_params(topo.fast_capacity_bytes())?;
+        let mut base = self.pool.clone();
+        for id in ignored {
+            base.remove_vm(*id);
+        }
+        let set_params = |p: &mut FastPool, out: &mut Vec<QuotaChange>| {
+            if *p.params() != params {
+                out.extend(p.set_params(params, now)?);
+            }
+            Ok::<(), vtism_engine::PoolError>(())
+        };
+        let set_limits = |p: &mut FastPool, out: &mut Vec<QuotaChange>| {
+            for (id, l) in limits {
+                let el = cfg.engine_limits(l);
+                if p.limits(*id).is_some_and(|old| old != el) {
+                    out.extend(p.set_limits(*id, el, now)?);
+                }
+            }
+            Ok::<(), vtism_engine::PoolError>(())
+        };
+        let mut first_error = None;
+        for params_first in [true, false] {
+            let mut p = base.clone();
+            let mut out = Vec::new();
+            let r = if params_first {
+                set_params(&mut p, &mut out).and_then(|_| set_limits(&mut p, &mut out))
+            } else {
+                set_limits(&mut p, &mut out).and_then(|_| set_params(&mut p, &mut out))
+            };
+            match r {
+                Ok(()) => return Ok((p, out)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(anyhow::anyhow!(
+            "{}",
+            first_error.map_or_else(String::new, |e| e.to_string())
+        ))
+    }
+
+    /// Applies a quota change from the pool: the engine plans with it from the next plan on (a
+    /// smaller quota demotes the coldest fast frames), the guest sees it in its feedback.
+    fn apply_quota_change(&mut self, c: QuotaChange) {
+        let Some(v) = self.vms.get_mut(&c.vm) else {
+            return;
+        };
+        if let Err(e) = self.engine.set_quota(c.vm, c.to_bytes) {
+            warn!(vm = %v.name, error = %e, "cannot set the quota");
+            return;
+        }
+        v.quota = c.to_bytes;
+        let reason = reason_label(c.reason);
+        *v.quota_changes.entry(reason).or_default() += 1;
+        v.last_change = Some(c);
+        if c.from_bytes != c.to_bytes {
+            info!(
+                vm = %v.name,
+                from_mib = c.from_bytes as f64 / (1u64 << 20) as f64,
+                to_mib = c.to_bytes as f64 / (1u64 << 20) as f64,
+                reason,
+                hot_set_mib = c.hot_set_bytes as f64 / (1u64 << 20) as f64,
+                "quota changed"
+            );
+        }
+    }
+
+    /// Feeds each VM's hot-set estimate to the pool and applies the quota changes it makes.
+    /// Runs just before planning, so a shrunk quota's demotions are in the same plan as the
+    /// promotions the grown quota of another VM allows.
+    fn rebalance_pool(&mut self) {
+        let now = self.now();
+        let mut demand = Vec::with_capacity(self.vms.len());
+        for v in self.vms.values().filter(|v| v.hinted) {
+            if let Ok(h) = self.engine.hot_set_bytes(v.id) {
+                demand.push((v.id, h));
+            }
+        }
+        for c in self.pool.rebalance(&demand, now) {
+            self.apply_quota_change(c);
+        }
     }
 
     /// One round. Public so tests can step the daemon.
@@ -378,6 +537,7 @@ impl Daemon {
         self.read_channels();
         if !self.mover.busy() {
             self.reconcile();
+            self.rebalance_pool();
             self.plan_and_submit();
         }
         self.totals.last_round_seconds = t0.elapsed().as_secs_f64();
@@ -480,21 +640,30 @@ impl Daemon {
             return Ok(None);
         }
         let id = VmId(self.next_id);
-        self.next_id += 1;
-        let quota = self.cfg.quota_for(entry.as_ref(), info.memory.bytes());
+        let limits = self.cfg.limits_for(entry.as_ref(), info.memory.bytes());
         let home = entry
             .as_ref()
             .and_then(|e| e.home_node)
             .or_else(|| vm::home_node(info.pid, &info.vcpu_threads, |c| self.topo.node_of_cpu(c)))
             .filter(|h| self.topo.node(*h).is_some());
-        self.engine
-            .add_vm(VmSpec {
-                id,
-                ram: info.memory.ram.clone(),
-                fast_quota_bytes: quota,
-                home_node: home.map(NodeId),
-            })
-            .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
+        // The pool admits the VM only if its guaranteed minimum fits beside the others'; if not,
+        // the VM is left alone (retried later: another VM may go away).
+        let now = self.now();
+        let initial = self
+            .pool
+            .add_vm(id, self.cfg.engine_limits(&limits), now)
+            .map_err(|e| anyhow::anyhow!("fast-memory pool: {e}"))?;
+        let quota = initial.to_bytes;
+        if let Err(e) = self.engine.add_vm(VmSpec {
+            id,
+            ram: info.memory.ram.clone(),
+            fast_quota_bytes: quota,
+            home_node: home.map(NodeId),
+        }) {
+            self.pool.remove_vm(id);
+            anyhow::bail!("engine: {e}");
+        }
+        self.next_id += 1;
         let name = if info.name.is_empty() {
             entry
                 .as_ref()
@@ -524,7 +693,8 @@ impl Daemon {
         info!(
             vm = %name, id = %id, pid = info.pid, socket = %sock.display(),
             ram_mib = info.memory.bytes() >> 20, ranges = info.memory.ranges.len(),
-            quota_mib = quota >> 20, home = ?home,
+            quota_mib = quota >> 20, min_mib = limits.min_bytes >> 20,
+            max_mib = limits.max_bytes >> 20, shares = limits.shares, home = ?home,
             channel = ?channel.as_ref().map(|c| c.path.display().to_string()),
             channel_problem = ?channel_problem,
             qemu = ?info.qemu_version,
@@ -542,7 +712,12 @@ impl Daemon {
             reader: ChannelReader::new(),
             over_budget: 0,
             quota,
+            limits,
+            hinted: false,
+            last_change: Some(initial),
+            quota_changes: [(reason_label(initial.reason), 1)].into(),
             home,
+            home_candidate: None,
             attached: Instant::now(),
             last_round: 0,
             last_round_at: None,
@@ -620,6 +795,7 @@ impl Daemon {
         if let Some(v) = self.vms.remove(&id) {
             info!(vm = %v.name, id = %id, reason = why, "no longer managing VM");
             let _ = self.engine.remove_vm(id);
+            self.pool.remove_vm(id);
             self.mover
                 .limits
                 .lock()
@@ -705,16 +881,64 @@ impl Daemon {
         let Some(v) = self.vms.get_mut(&id) else {
             return Ok(());
         };
-        if changed || reset {
-            let entry = self.cfg.vm_entry(&v.name, &v.socket).cloned();
-            v.quota = self.cfg.quota_for(entry.as_ref(), info.memory.bytes());
-            info!(
-                vm = %v.name, ram_mib = info.memory.bytes() >> 20, ranges = info.memory.ranges.len(),
-                quota_mib = v.quota >> 20, reset, "memory map changed; re-registering"
-            );
+        let entry = self.cfg.vm_entry(&v.name, &v.socket).cloned();
+        // The home node follows the vCPU threads (unless the configuration names it); an answer
+        // that differs from the current home moves it only when the next refresh agrees, so
+        // vCPUs that merely wander for a moment do not make the engine relearn the VM.
+        let mut home_moved = false;
+        if entry.as_ref().and_then(|e| e.home_node).is_none() {
+            let seen = vm::home_node(info.pid, &info.vcpu_threads, |c| self.topo.node_of_cpu(c))
+                .filter(|h| self.topo.node(*h).is_some());
+            if seen.is_some() && seen != v.home {
+                if v.home_candidate == seen {
+                    info!(vm = %v.name, from = ?v.home, to = ?seen, "home node changed (vCPU threads moved)");
+                    v.home = seen;
+                    v.home_candidate = None;
+                    home_moved = true;
+                } else {
+                    v.home_candidate = seen;
+                }
+            } else {
+                v.home_candidate = None;
+            }
+        }
+        if changed || reset || home_moved {
+            let limits = self.cfg.limits_for(entry.as_ref(), info.memory.bytes());
+            if changed {
+                info!(
+                    vm = %v.name, ram_mib = info.memory.bytes() >> 20, ranges = info.memory.ranges.len(),
+                    reset, "memory map changed; re-registering"
+                );
+            } else {
+                info!(vm = %v.name, reset, home = ?v.home, "re-registering");
+            }
             v.memory = Arc::new(info.memory);
             v.cursor = 0;
             v.full_sweeps = 0;
+            v.hinted = false;
+            // Limits in % of a share in % of RAM follow the new RAM size; limits the pool cannot
+            // honour (the minimums no longer fit) keep the old ones.
+            if limits != v.limits {
+                let name = v.name.clone();
+                match self
+                    .pool
+                    .set_limits(id, self.cfg.engine_limits(&limits), self.now())
+                {
+                    Ok(changes) => {
+                        if let Some(v) = self.vms.get_mut(&id) {
+                            v.limits = limits;
+                        }
+                        for c in changes {
+                            self.apply_quota_change(c);
+                        }
+                    }
+                    Err(e) => warn!(vm = %name, error = %e, "new limits not applied"),
+                }
+            }
+            let Some(v) = self.vms.get_mut(&id) else {
+                return Ok(());
+            };
+            v.quota = self.pool.quota(id).unwrap_or(v.quota);
             let _ = self.engine.remove_vm(id);
             self.engine
                 .add_vm(VmSpec {
@@ -750,6 +974,7 @@ impl Daemon {
                 } else {
                     match v.reader.read(&ch.region, &v.memory.ram) {
                         Ok(Some(round)) => {
+                            v.hinted = true;
                             v.last_round = round.round;
                             v.last_round_at = Some(Instant::now());
                             v.last_entries = round.entries.len() as u64;
@@ -996,6 +1221,7 @@ impl Daemon {
     // Metrics and status
 
     fn publish(&mut self) {
+        let now_ns = self.now();
         let mut e = Exposition::default();
         let mut vm_rows = Vec::new();
         let mut node_resident: BTreeMap<u8, u64> = BTreeMap::new();
@@ -1009,7 +1235,11 @@ impl Daemon {
             }
             let name = v.name.as_str();
             let l = [("vm", name)];
-            let hot_set = s.last_plan.hot_set_frames * FRAME_SIZE;
+            // The hot set the engine estimates (the pool's demand), and the part of it the quota
+            // allowed in the last plan.
+            let hot_set = self.engine.hot_set_bytes(v.id).unwrap_or(0);
+            let planned_hot = s.last_plan.hot_set_frames * FRAME_SIZE;
+            let limits = self.pool.limits(v.id);
             fam(&mut e, "vtism_vm_ram_bytes", "gauge", "Guest RAM managed.");
             e.sample("vtism_vm_ram_bytes", &l, v.memory.bytes() as f64);
             fam(
@@ -1040,13 +1270,73 @@ impl Daemon {
                 &[("vm", name), ("tier", "unknown")],
                 (s.unknown_frames * FRAME_SIZE) as f64,
             );
+            for (m, help, val) in [
+                (
+                    "vtism_vm_fast_quota_min_bytes",
+                    "Guaranteed minimum quota (island mode: the fixed quota).",
+                    limits.map(|l| l.min_bytes),
+                ),
+                (
+                    "vtism_vm_fast_quota_max_bytes",
+                    "Maximum quota (island mode: the fixed quota).",
+                    limits.map(|l| l.max_bytes),
+                ),
+                (
+                    "vtism_vm_fast_shares",
+                    "Weight in the pool's share-based split.",
+                    limits.map(|l| u64::from(l.shares)),
+                ),
+                (
+                    "vtism_vm_fast_quota_share_bytes",
+                    "Initial share from the configuration (island mode: the quota).",
+                    Some(v.limits.share_bytes),
+                ),
+            ] {
+                if let Some(val) = val {
+                    fam(&mut e, m, "gauge", help);
+                    e.sample(m, &l, val as f64);
+                }
+            }
             fam(
                 &mut e,
                 "vtism_vm_hot_set_bytes",
                 "gauge",
-                "Hot set the quota allows, from the last plan.",
+                "Estimated hot set (the pool's demand): the hottest 80% of the frames above the base score.",
             );
             e.sample("vtism_vm_hot_set_bytes", &l, hot_set as f64);
+            fam(
+                &mut e,
+                "vtism_vm_planned_hot_bytes",
+                "gauge",
+                "Hot set the quota allows, from the last plan.",
+            );
+            e.sample("vtism_vm_planned_hot_bytes", &l, planned_hot as f64);
+            fam(
+                &mut e,
+                "vtism_vm_quota_changes_total",
+                "counter",
+                "Quota changes by reason (initial, config, grow, shrink, reclaim, clamp).",
+            );
+            for (reason, n) in &v.quota_changes {
+                e.sample(
+                    "vtism_vm_quota_changes_total",
+                    &[("vm", name), ("reason", reason)],
+                    *n as f64,
+                );
+            }
+            if let Some(c) = &v.last_change {
+                fam(
+                    &mut e,
+                    "vtism_vm_quota_last_change_timestamp_seconds",
+                    "gauge",
+                    "Unix time of the last quota change, labelled with its reason.",
+                );
+                e.sample(
+                    "vtism_vm_quota_last_change_timestamp_seconds",
+                    &[("vm", name), ("reason", reason_label(c.reason))],
+                    self.epoch_unix + c.at.0 as f64 / 1e9,
+                );
+            }
             fam(
                 &mut e,
                 "vtism_vm_moved_bytes_total",
@@ -1155,6 +1445,19 @@ impl Daemon {
                 "slow_bytes": s.slow_frames * FRAME_SIZE,
                 "unknown_bytes": s.unknown_frames * FRAME_SIZE,
                 "hot_set_bytes": hot_set,
+                "planned_hot_bytes": planned_hot,
+                "quota_share_bytes": v.limits.share_bytes,
+                "quota_min_bytes": limits.map(|l| l.min_bytes),
+                "quota_max_bytes": limits.map(|l| l.max_bytes),
+                "shares": limits.map(|l| l.shares),
+                "last_quota_change": v.last_change.map(|c| json!({
+                    "from_bytes": c.from_bytes,
+                    "to_bytes": c.to_bytes,
+                    "hot_set_bytes": c.hot_set_bytes,
+                    "reason": reason_label(c.reason),
+                    "age_s": now_ns.0.saturating_sub(c.at.0) as f64 / 1e9,
+                })),
+                "quota_changes": v.quota_changes,
                 "home_node": v.home,
                 "channel": v.channel.as_ref().map(|c| c.path.clone()),
                 "channel_problem": v.channel_problem,
@@ -1181,6 +1484,13 @@ impl Daemon {
             .mover
             .gauges
             .queued
+            .lock()
+            .map(|q| q.clone())
+            .unwrap_or_default();
+        let executed = self
+            .mover
+            .gauges
+            .executed_pages
             .lock()
             .map(|q| q.clone())
             .unwrap_or_default();
@@ -1233,6 +1543,23 @@ impl Daemon {
                 "vtism_mover_queue_depth",
                 &[("node", &id), ("dir", Dir::Demote.label())],
                 qd as f64,
+            );
+            let (ep, ed) = executed.get(&n.id).copied().unwrap_or_default();
+            fam(
+                &mut e,
+                "vtism_mover_worker_pages_total",
+                "counter",
+                "Pages the node's mover worker handed to move_pages (batches to that node).",
+            );
+            e.sample(
+                "vtism_mover_worker_pages_total",
+                &[("node", &id), ("dir", Dir::Promote.label())],
+                ep as f64,
+            );
+            e.sample(
+                "vtism_mover_worker_pages_total",
+                &[("node", &id), ("dir", Dir::Demote.label())],
+                ed as f64,
             );
             node_rows.push(json!({
                 "id": n.id, "tier": n.tier, "kernel_tier": n.kernel_tier, "cpus": n.cpus,
@@ -1320,6 +1647,36 @@ impl Daemon {
             .map(|v| v.memory.bytes() as f64)
             .sum::<f64>()
             / (1u64 << 30) as f64;
+        let pool_mode = self.cfg.pool.mode.label();
+        let pool_bytes = (self.cfg.pool.mode == crate::config::PoolModeConfig::Pool)
+            .then(|| self.pool.params().fast_bytes);
+        fam(
+            &mut e,
+            "vtism_pool_mode",
+            "gauge",
+            "1 for the mode quotas are set in (island: fixed; pool: by hot set).",
+        );
+        e.sample("vtism_pool_mode", &[("mode", pool_mode)], 1.0);
+        if let Some(b) = pool_bytes {
+            fam(
+                &mut e,
+                "vtism_pool_fast_bytes",
+                "gauge",
+                "Fast memory the pool hands out.",
+            );
+            e.sample("vtism_pool_fast_bytes", &[], b as f64);
+        }
+        fam(
+            &mut e,
+            "vtism_pool_allocated_bytes",
+            "gauge",
+            "Sum of the VMs' quotas.",
+        );
+        e.sample(
+            "vtism_pool_allocated_bytes",
+            &[],
+            self.pool.allocated_bytes() as f64,
+        );
         let status = json!({
             "daemon": {
                 "pid": std::process::id(),
@@ -1335,6 +1692,12 @@ impl Daemon {
                 "vms_dropped": self.totals.vms_dropped,
                 "interval_ms": self.cfg.daemon.interval_ms,
                 "metrics": self.metrics_addr.map(|a| a.to_string()),
+            },
+            "pool": {
+                "mode": pool_mode,
+                "fast_bytes": pool_bytes,
+                "allocated_bytes": self.pool.allocated_bytes(),
+                "rebalance_interval_ms": self.cfg.pool.rebalance_interval_ms,
             },
             "vms": vm_rows,
             "nodes": node_rows,

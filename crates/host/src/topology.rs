@@ -280,6 +280,15 @@ impl HostTopology {
             .collect()
     }
 
+    /// Total memory of the fast-tier nodes (what a pool of fast memory is carved from).
+    pub fn fast_capacity_bytes(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter(|n| n.tier == 0)
+            .map(|n| n.mem_total_bytes)
+            .sum()
+    }
+
     /// Ids of fast-tier nodes.
     pub fn fast_nodes(&self) -> Vec<u8> {
         self.nodes
