@@ -485,6 +485,7 @@ impl Daemon {
             return;
         }
         v.quota = c.to_bytes;
+        feedback(&self.cfg.channel, v);
         let reason = reason_label(c.reason);
         *v.quota_changes.entry(reason).or_default() += 1;
         v.last_change = Some(c);
@@ -700,7 +701,7 @@ impl Daemon {
             qemu = ?info.qemu_version,
             "managing VM"
         );
-        let mut v = ManagedVm {
+        let v = ManagedVm {
             id,
             name,
             socket: sock.to_path_buf(),
@@ -732,7 +733,7 @@ impl Daemon {
             reconciled_changes: 0,
             trimmed_frames: 0,
         };
-        self.write_feedback(&mut v);
+        self.write_feedback(&v);
         self.vms.insert(id, v);
         Ok(Some(id))
     }
@@ -1011,7 +1012,7 @@ impl Daemon {
                     }
                 }
             }
-            self.write_feedback(&mut v);
+            self.write_feedback(&v);
             self.vms.insert(id, v);
         }
     }
@@ -1041,20 +1042,8 @@ impl Daemon {
         }
     }
 
-    fn write_feedback(&self, v: &mut ManagedVm) {
-        let Some(ch) = &v.channel else { return };
-        let fb = Feedback {
-            ack_round: v.reader.last_round(),
-            entry_budget: self.cfg.channel.entry_budget,
-            min_interval_ms: self.cfg.channel.min_interval_ms,
-            last_status: v.reader.last_status(),
-            fast_quota_bytes: v.quota,
-            rejected_rounds: v.reader.counters().total_rejected() + v.over_budget,
-            host_version: HOST_VERSION,
-        };
-        if let Err(e) = write_feedback(&ch.region, &fb) {
-            debug!(vm = %v.name, error = %e, "feedback");
-        }
+    fn write_feedback(&self, v: &ManagedVm) {
+        feedback(&self.cfg.channel, v);
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1714,6 +1703,24 @@ impl Daemon {
             .lock()
             .map(|s| s.status.clone())
             .unwrap_or_default()
+    }
+}
+
+/// Writes the host's feedback into the VM's channel: the last round taken, the budget, the
+/// interval floor, the VM's fast quota, the rejected rounds.
+fn feedback(c: &crate::config::ChannelConfig, v: &ManagedVm) {
+    let Some(ch) = &v.channel else { return };
+    let fb = Feedback {
+        ack_round: v.reader.last_round(),
+        entry_budget: c.entry_budget,
+        min_interval_ms: c.min_interval_ms,
+        last_status: v.reader.last_status(),
+        fast_quota_bytes: v.quota,
+        rejected_rounds: v.reader.counters().total_rejected() + v.over_budget,
+        host_version: HOST_VERSION,
+    };
+    if let Err(e) = write_feedback(&ch.region, &fb) {
+        debug!(vm = %v.name, error = %e, "feedback");
     }
 }
 

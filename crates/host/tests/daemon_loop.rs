@@ -4,10 +4,9 @@
 //! refuses (node 2 does not exist on this machine) are survived, and a VM whose monitor goes away
 //! is dropped. Nothing here may panic.
 
-use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
+use serde_json::Value;
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,94 +16,8 @@ use vtism_host::sys::FileMapping;
 use vtism_proto::layout::off;
 use vtism_proto::{ChannelWriter, Gfn, HintEntry, PageType, RoundMeta, SharedRegion, Tracker};
 
-const RAM_FRAMES: u64 = 1024;
-
-fn answer(cmd: &Value, chan: &Path, hva: u64) -> Value {
-    let args = &cmd["arguments"];
-    match cmd["execute"].as_str().unwrap_or("") {
-        "qmp_capabilities" => json!({}),
-        "query-name" => json!({"name": "fake"}),
-        "query-status" => json!({"status": "running", "running": true}),
-        "qom-list" if args["path"] == "/machine/peripheral" => {
-            json!([{"name": "type", "type": "string"}, {"name": "vtism0", "type": "child<ivshmem-plain>"}])
-        }
-        "qom-list" => json!([{"name": "type", "type": "string"}]),
-        "qom-get" => match args["property"].as_str().unwrap_or("") {
-            "memdev" => json!("/objects/vtism-chan"),
-            "mem-path" => json!(chan.to_string_lossy()),
-            "size" => json!(1 << 20),
-            _ => json!({"error": {"class": "GenericError", "desc": "no such property"}}),
-        },
-        "query-memdev" => json!([{"id": "ram0", "size": RAM_FRAMES * 4096}, {"id": "vtism-chan"}]),
-        "query-cpus-fast" => json!([{"thread-id": 1, "cpu-index": 0}]),
-        "human-monitor-command" => {
-            let c = args["command-line"].as_str().unwrap_or("");
-            if c == "info mtree -f" {
-                json!(format!(
-                    "FlatView #0\r\n AS \"memory\", root: system\r\n Root memory region: system\r\n  \
-                     0000000000000000-{:016x} (prio 0, ram): ram0\r\n  \
-                     00000000fe000000-00000000fe0fffff (prio 1, ram): vtism-chan\r\n",
-                    RAM_FRAMES * 4096 - 1
-                ))
-            } else if c.starts_with("gpa2hva 0x0") {
-                json!(format!(
-                    "Host virtual address for 0x0 (ram0) is {hva:#x}\r\n"
-                ))
-            } else {
-                json!("unknown command\r\n")
-            }
-        }
-        _ => json!({"error": {"class": "CommandNotFound", "desc": "nope"}}),
-    }
-}
-
-/// Serves one client at a time until `stop`; answers with `answer`.
-fn fake_qemu(
-    sock: PathBuf,
-    chan: PathBuf,
-    hva: u64,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<()> {
-    let l = UnixListener::bind(&sock).unwrap();
-    l.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        while !stop.load(Ordering::SeqCst) {
-            let Ok((s, _)) = l.accept() else {
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            };
-            s.set_nonblocking(false).unwrap();
-            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-            let mut w = s.try_clone().unwrap();
-            let mut r = BufReader::new(s);
-            let _ = writeln!(
-                w,
-                r#"{{"QMP": {{"version": {{"qemu": {{"micro": 0, "minor": 2, "major": 7}}, "package": ""}}, "capabilities": ["oob"]}}}}"#
-            );
-            let mut line = String::new();
-            while !stop.load(Ordering::SeqCst) {
-                match r.read_line(&mut line) {
-                    Ok(0) => break,
-                    Ok(_) => {
-                        let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                        let a = answer(&cmd, &chan, hva);
-                        let mut msg = if a.get("error").is_some() {
-                            a
-                        } else {
-                            json!({"return": a})
-                        };
-                        msg["id"] = cmd["id"].clone();
-                        let _ = writeln!(w, "{msg}");
-                        line.clear();
-                    }
-                    Err(_) => {} // timeout: check stop
-                }
-            }
-            // Dropping the stream is QEMU going away.
-        }
-        let _ = std::fs::remove_file(&sock);
-    })
-}
+mod common;
+use common::{fake_qemu, RAM_FRAMES};
 
 fn vm_status(d: &Daemon) -> Option<Value> {
     d.status()["vms"]
@@ -130,7 +43,13 @@ fn daemon_rounds_against_a_fake_qemu() {
     // trying it must not stall the rounds of the VMs already managed.
     let _stuck = UnixListener::bind(dir.join("qmp/stuck.qmp")).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let server = fake_qemu(dir.join("qmp/fake.qmp"), chan.clone(), hva, stop.clone());
+    let server = fake_qemu(
+        dir.join("qmp/fake.qmp"),
+        "fake",
+        chan.clone(),
+        hva,
+        stop.clone(),
+    );
 
     let sysfs =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/emuhost-3node/sys");

@@ -1,0 +1,103 @@
+//! A fake QEMU monitor for the daemon-loop tests: answers shaped like QEMU 7.2's (captured in
+//! tests/fixtures/qemu-7.2), a "guest RAM" of `RAM_FRAMES` frames at `hva` in the serving
+//! process, an ivshmem channel backed by a real file.
+#![allow(dead_code)] // each test file uses its part
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const RAM_FRAMES: u64 = 1024;
+
+pub fn answer(cmd: &Value, name: &str, chan: &Path, hva: u64) -> Value {
+    let args = &cmd["arguments"];
+    match cmd["execute"].as_str().unwrap_or("") {
+        "qmp_capabilities" => json!({}),
+        "query-name" => json!({ "name": name }),
+        "query-status" => json!({"status": "running", "running": true}),
+        "qom-list" if args["path"] == "/machine/peripheral" => {
+            json!([{"name": "type", "type": "string"}, {"name": "vtism0", "type": "child<ivshmem-plain>"}])
+        }
+        "qom-list" => json!([{"name": "type", "type": "string"}]),
+        "qom-get" => match args["property"].as_str().unwrap_or("") {
+            "memdev" => json!("/objects/vtism-chan"),
+            "mem-path" => json!(chan.to_string_lossy()),
+            "size" => json!(1 << 20),
+            _ => json!({"error": {"class": "GenericError", "desc": "no such property"}}),
+        },
+        "query-memdev" => json!([{"id": "ram0", "size": RAM_FRAMES * 4096}, {"id": "vtism-chan"}]),
+        "query-cpus-fast" => json!([{"thread-id": 1, "cpu-index": 0}]),
+        "human-monitor-command" => {
+            let c = args["command-line"].as_str().unwrap_or("");
+            if c == "info mtree -f" {
+                json!(format!(
+                    "FlatView #0\r\n AS \"memory\", root: system\r\n Root memory region: system\r\n  \
+                     0000000000000000-{:016x} (prio 0, ram): ram0\r\n  \
+                     00000000fe000000-00000000fe0fffff (prio 1, ram): vtism-chan\r\n",
+                    RAM_FRAMES * 4096 - 1
+                ))
+            } else if c.starts_with("gpa2hva 0x0") {
+                json!(format!(
+                    "Host virtual address for 0x0 (ram0) is {hva:#x}\r\n"
+                ))
+            } else {
+                json!("unknown command\r\n")
+            }
+        }
+        _ => json!({"error": {"class": "CommandNotFound", "desc": "nope"}}),
+    }
+}
+
+/// Serves one client at a time until `stop`; answers with `answer`.
+pub fn fake_qemu(
+    sock: PathBuf,
+    name: &str,
+    chan: PathBuf,
+    hva: u64,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let l = UnixListener::bind(&sock).unwrap();
+    l.set_nonblocking(true).unwrap();
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::SeqCst) {
+            let Ok((s, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            let _ = writeln!(
+                w,
+                r#"{{"QMP": {{"version": {{"qemu": {{"micro": 0, "minor": 2, "major": 7}}, "package": ""}}, "capabilities": ["oob"]}}}}"#
+            );
+            let mut line = String::new();
+            while !stop.load(Ordering::SeqCst) {
+                match r.read_line(&mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                        let a = answer(&cmd, &name, &chan, hva);
+                        let mut msg = if a.get("error").is_some() {
+                            a
+                        } else {
+                            json!({"return": a})
+                        };
+                        msg["id"] = cmd["id"].clone();
+                        let _ = writeln!(w, "{msg}");
+                        line.clear();
+                    }
+                    Err(_) => {} // timeout: check stop
+                }
+            }
+            // Dropping the stream is QEMU going away.
+        }
+        let _ = std::fs::remove_file(&sock);
+    })
+}
