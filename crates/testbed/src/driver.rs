@@ -265,7 +265,9 @@ pub fn run(o: RunOptions) -> anyhow::Result<bool> {
     ];
     std::fs::write(out.join("testbed.env"), o.settings.to_env(&extra))?;
     let _ = std::fs::remove_file(out.join("samples.jsonl"));
-    println!("== checking whether KVM really works here (up to 15 s)");
+    if o.accel == "auto" {
+        println!("== checking whether KVM really works here (up to 15 s)");
+    }
     let accel = pick_accel(&o.accel, &get("VMLINUZ")?);
     let s = &o.settings;
     println!(
