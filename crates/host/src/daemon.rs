@@ -1290,7 +1290,7 @@ impl Daemon {
                 &mut e,
                 "vtism_vm_hot_set_bytes",
                 "gauge",
-                "Estimated hot set (the pool's demand): the hottest 80% of the frames above the base score.",
+                "Estimated hot set (the pool's demand): frames whose decayed score is at least the base score.",
             );
             e.sample("vtism_vm_hot_set_bytes", &l, hot_set as f64);
             fam(
