@@ -75,6 +75,9 @@ pub struct VmPlanStats {
     pub held_by_hysteresis: u64,
     /// Hot-set frames left on slow memory because no fast node had free memory.
     pub blocked_by_capacity: u64,
+    /// Frames by which full fast nodes made the hot set smaller than the quota allows (hot slow
+    /// frames are then exchanged with colder fast ones).
+    pub capped_by_nodes: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -547,7 +547,17 @@ impl VtismPolicy {
             .min(q / 4);
         stats.quota_frames = q;
         stats.reserve_frames = reserve;
-        let hot_cap = q - reserve;
+        let home = v.spec.home_node;
+        let fast_order = self.topology.fast_nodes_near(home);
+        // The hot set is what the VM can hold: its quota less the reserve, and no more than the
+        // fast nodes can take. When they are full, hot slow frames are exchanged with colder fast
+        // ones (AutoTiering OPM's exchange) instead of waiting for room that never comes.
+        let fast_room: u64 = fast_order
+            .iter()
+            .map(|&f| free.avail_now(f).max(0) as u64)
+            .sum();
+        let hot_cap = (q - reserve).min(stats.fast_frames + fast_room);
+        stats.capped_by_nodes = (q - reserve).saturating_sub(hot_cap);
 
         // Hot threshold: the lowest key whose frames (with all hotter ones) still fit the quota
         // less the reserve. `t_room` is how much of bucket T belongs to the hot set; fast frames in
@@ -665,14 +675,15 @@ impl VtismPolicy {
         counting_sort(&mut victs, false);
 
         let spec_id = v.spec.id;
-        let home = v.spec.home_node;
-        let fast_order = self.topology.fast_nodes_near(home);
         let mut decided: Vec<(Unit, NodeId, NodeId, MoveKind, Phase)> = Vec::new();
         let mut vq = victs.into_iter().peekable();
 
+        // Demotions go to the slow nodes nearest the VM's home (local, then remote: AutoTiering's
+        // CPM order), or nearest the source when the home is unknown.
         let slow_order = &self.slow_order;
         let demote = |u: Unit, from: NodeId, free: &mut NodeFree| -> Option<NodeId> {
-            let to = slow_order[from.0 as usize]
+            let near = home.unwrap_or(from);
+            let to = slow_order[near.0 as usize]
                 .iter()
                 .copied()
                 .find(|&s| free.avail_now(s) >= u.frames as i64)?;
