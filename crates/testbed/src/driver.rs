@@ -194,7 +194,18 @@ fn host_args(accel: &str, vmlinuz: &str, initrd: &str, repo: &Path, out: &Path) 
 
 /// Boots the emulated host and waits for it, printing its "TB" lines; kills it at `limit`.
 fn boot(args: &[String], out: &Path, limit: Duration) -> anyhow::Result<bool> {
-    let mut child = Command::new("qemu-system-x86_64")
+    let mut cmd = Command::new("qemu-system-x86_64");
+    // SAFETY: prctl(PR_SET_PDEATHSIG) in the child between fork and exec only sets a flag of
+    // the calling process; it allocates nothing and touches no shared state.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            // The emulated host dies with the driver (a killed `make demo` leaves no QEMU).
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
