@@ -66,7 +66,7 @@ fi
 echo 0 >$D/nr_kdamonds
 
 # ---- start the agent ----
-/bin/vtism guest $ARGS --status-file $RF >/tmp/agent.log 2>&1 &
+/bin/vtism guest $ARGS --status-file $RF --stats-file /tmp/stats >/tmp/agent.log 2>&1 &
 AG=$!
 if wait_rounds 1 60; then
 	result start ok "kdamond pid $(cat $D/0/pid), ops $(cat $D/0/contexts/0/operations), state $(cat $D/0/state)"
@@ -103,6 +103,7 @@ phase feedback-end
 wait_rounds 5 60
 phase fast
 
+sed 's/^/VTAGENTSTAT /' /tmp/stats
 kill $WL
 wait $WL
 tail -n 1 /tmp/wl.log

@@ -63,6 +63,8 @@ python3 "$tests/chanmon.py" --tracker damon --channel "$chan" --serial "$d/seria
 rc=$?
 rm -f "$chan"
 grep -m1 '^VTBOOT' "$d/serial.log" | sed 's/^/e2e: /'
+# the agent's statistics at the end of the scenario (--stats-file), on one line
+echo "e2e: agent stats: $(sed -n 's/^VTAGENTSTAT //p' "$d/serial.log" | tr '\n' ' ')"
 cat "$d/checks.txt"
 p=$(grep -c '^PASS ' "$d/checks.txt")
 f=$(grep -c '^FAIL ' "$d/checks.txt")

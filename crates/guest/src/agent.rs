@@ -1,5 +1,6 @@
 //! The agent's loop: one DAMON aggregation per round, history, publication, adaptive pacing.
 
+use crate::confirm::{self, Confirm};
 use crate::damon::{Attrs, Kdamond};
 use crate::history::History;
 use crate::kpageflags::KpageFlags;
@@ -60,10 +61,88 @@ pub struct Config {
     pub hot_threshold: u32,
     pub min_accesses: u32,
     pub max_entries: u64,
+    /// At most this many frames (units) keep a history (the coldest are evicted).
+    pub max_tracked: usize,
+    /// At most this many frames get DAMON regions of their own (0 = no confirmation).
+    pub confirm_frames: usize,
     pub rounds: u64,
     pub claim_any: bool,
     /// Written with the last published round number after each round.
     pub status_file: Option<PathBuf>,
+    /// Written with the agent's statistics (`name value` lines) after each round.
+    pub stats_file: Option<PathBuf>,
+}
+
+/// The agent's counters, written to `--stats-file` after each round.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Stats {
+    pub rounds: u64,
+    pub last_entries: u64,
+    pub last_hot_frames: u64,
+    pub last_cost_us: u64,
+    pub last_interval_ms: u64,
+    pub last_regions: u64,
+    pub tracked: u64,
+    pub max_tracked: u64,
+    pub evicted: u64,
+    pub confirmed: u64,
+    pub confirm_cap: u64,
+    pub confirm_commits: u64,
+    pub overflow_rounds: u64,
+}
+
+impl Stats {
+    /// `name value` lines, one per counter.
+    pub fn render(&self) -> String {
+        let Stats {
+            rounds,
+            last_entries,
+            last_hot_frames,
+            last_cost_us,
+            last_interval_ms,
+            last_regions,
+            tracked,
+            max_tracked,
+            evicted,
+            confirmed,
+            confirm_cap,
+            confirm_commits,
+            overflow_rounds,
+        } = self;
+        [
+            ("rounds", rounds),
+            ("last_entries", last_entries),
+            ("last_hot_frames", last_hot_frames),
+            ("last_cost_us", last_cost_us),
+            ("last_interval_ms", last_interval_ms),
+            ("last_regions", last_regions),
+            ("tracked", tracked),
+            ("max_tracked", max_tracked),
+            ("evicted", evicted),
+            ("confirmed", confirmed),
+            ("confirm_cap", confirm_cap),
+            ("confirm_commits", confirm_commits),
+            ("overflow_rounds", overflow_rounds),
+        ]
+        .iter()
+        .map(|(n, v)| format!("{n} {v}\n"))
+        .collect()
+    }
+}
+
+/// Frames that can get regions of their own: DAMON's region count must stay at most
+/// `max_regions` after a commit (each frame adds at most two ranges to the RAM ranges), or its
+/// merging raises its threshold until hot and cold regions merge.
+pub fn confirm_cap(wanted: usize, max_regions: u64, ram_ranges: usize) -> usize {
+    let room = max_regions.saturating_sub(ram_ranges as u64 + 16) / 2;
+    wanted.min(usize::try_from(room).unwrap_or(usize::MAX))
+}
+
+/// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half.
+fn write_atomic(path: &std::path::Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -180,7 +259,19 @@ pub fn run(cfg: &Config) -> Result<()> {
             ranges = ranges.len(),
             "DAMON started"
         );
-        let mut history = History::new(cfg.history_rounds, cfg.hot_threshold, cfg.min_accesses);
+        let mut history = History::new(
+            cfg.history_rounds,
+            cfg.hot_threshold,
+            cfg.min_accesses,
+            cfg.max_tracked,
+        );
+        let cap = confirm_cap(cfg.confirm_frames, max_regions, ranges.len());
+        let mut confirm = Confirm::new(cap, Confirm::min_count_for(cfg.hot_threshold));
+        let mut stats = Stats {
+            max_tracked: cfg.max_tracked as u64,
+            confirm_cap: cap as u64,
+            ..Stats::default()
+        };
         let mut cpu_last = pid.and_then(cpu_us).unwrap_or(0);
         let mut rounds = 0u64;
         while !STOP.load(Ordering::SeqCst) && (cfg.rounds == 0 || rounds < cfg.rounds) {
@@ -222,6 +313,41 @@ pub fn run(cfg: &Config) -> Result<()> {
                 },
             )?;
             rounds += 1;
+            // frames newly hot in min_count rounds get DAMON regions of their own, and DAMON
+            // is re-paced when the interval moved by more than 1/16: one commit for both
+            let mut commit = false;
+            if let Some(units) = confirm.update(&history) {
+                kd.write_regions(&confirm::layout(&ranges, &units))?;
+                commit = true;
+            }
+            if next.abs_diff(t_ms) > t_ms / 16 {
+                t_ms = next;
+                attrs = attrs_for(t_ms, cfg.samples, min_regions, max_regions);
+                kd.write_attrs(&attrs)?;
+                commit = true;
+            }
+            if commit {
+                match kd.commit() {
+                    Ok(()) => {}
+                    // a signal interrupts the blocking commit: stop as after a round
+                    Err(_) if STOP.load(Ordering::SeqCst) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            stats.rounds = p.round;
+            stats.last_entries = p.count;
+            stats.last_hot_frames = out.hot_frames;
+            stats.last_cost_us = cost_us;
+            stats.last_interval_ms = u64::from(next);
+            stats.last_regions = regions.len() as u64;
+            stats.tracked = history.tracked() as u64;
+            stats.evicted = history.evicted();
+            stats.confirmed = confirm.len() as u64;
+            stats.confirm_commits = confirm.commits();
+            stats.overflow_rounds += u64::from(p.overflow);
+            if let Some(f) = &cfg.stats_file {
+                write_atomic(f, &stats.render())?;
+            }
             if let Some(f) = &cfg.status_file {
                 std::fs::write(f, format!("{}\n", p.round))
                     .with_context(|| format!("writing {}", f.display()))?;
@@ -233,16 +359,12 @@ pub fn run(cfg: &Config) -> Result<()> {
                 regions = regions.len(),
                 accessed_bytes = out.accessed_bytes,
                 tracked = history.tracked(),
+                evicted = out.evicted,
+                confirmed = confirm.len(),
                 cost_us,
                 next_ms = next,
                 "published"
             );
-            // re-pace DAMON when the interval moved by more than 1/16
-            if next.abs_diff(t_ms) > t_ms / 16 {
-                t_ms = next;
-                attrs = attrs_for(t_ms, cfg.samples, min_regions, max_regions);
-                kd.set_attrs(&attrs)?;
-            }
         }
         Ok(())
     })();
@@ -290,5 +412,27 @@ mod tests {
         assert!(check_claim(&r).is_err());
         r.store_u64(off::MAGIC, MAGIC).unwrap();
         check_claim(&r).unwrap();
+    }
+
+    #[test]
+    fn confirm_cap_keeps_damon_below_max_regions() {
+        assert_eq!(confirm_cap(4096, 10_000, 2), 4096);
+        assert_eq!(confirm_cap(8192, 10_000, 2), (10_000 - 18) / 2);
+        assert_eq!(confirm_cap(4096, 10, 2), 0);
+        assert_eq!(confirm_cap(0, 10_000, 2), 0);
+    }
+
+    #[test]
+    fn stats_render_every_counter() {
+        let s = Stats {
+            rounds: 3,
+            evicted: 7,
+            confirm_cap: 4096,
+            ..Stats::default()
+        }
+        .render();
+        assert_eq!(s.lines().count(), 13);
+        assert!(s.contains("rounds 3\n") && s.contains("evicted 7\n"));
+        assert!(s.contains("confirm_cap 4096\n") && s.contains("tracked 0\n"));
     }
 }

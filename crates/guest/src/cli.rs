@@ -48,6 +48,15 @@ pub struct GuestArgs {
     /// Publish at most this many entries per round (0 = the channel's capacity / host budget).
     #[arg(long, default_value_t = 0)]
     pub max_entries: u64,
+    /// At most this many frames (2 MiB units count one) keep a history; past that the coldest
+    /// (fewest rounds hot, then least recently hot) are evicted, counted as `evicted`.
+    #[arg(long, default_value_t = crate::history::DEFAULT_MAX_TRACKED)]
+    pub max_tracked: usize,
+    /// Frames seen hot in hot-threshold - 2 rounds (at least 1) get DAMON regions of their own,
+    /// so their access counts are their own and not a straddling region's; at most this many
+    /// (0 = off), and at most (max-nr-regions - RAM ranges - 16) / 2.
+    #[arg(long, default_value_t = 4096)]
+    pub confirm_frames: usize,
     /// Stop after this many rounds (0 = run until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0)]
     pub rounds: u64,
@@ -57,6 +66,9 @@ pub struct GuestArgs {
     /// After each round, write the round number published to this file (for scripts).
     #[arg(long)]
     pub status_file: Option<PathBuf>,
+    /// After each round, write the agent's statistics here (`name value` lines).
+    #[arg(long)]
+    pub stats_file: Option<PathBuf>,
     /// DAMON's sysfs admin directory.
     #[arg(long, default_value = crate::damon::DEFAULT_ROOT, hide = true)]
     pub damon_root: PathBuf,
@@ -80,9 +92,12 @@ pub fn guest_main(args: GuestArgs) -> anyhow::Result<()> {
         hot_threshold: args.hot_threshold,
         min_accesses: args.min_accesses,
         max_entries: args.max_entries,
+        max_tracked: args.max_tracked,
+        confirm_frames: args.confirm_frames,
         rounds: args.rounds,
         claim_any: args.claim_any,
         status_file: args.status_file,
+        stats_file: args.stats_file,
     })
 }
 

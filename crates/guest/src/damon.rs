@@ -71,8 +71,13 @@ impl Kdamond {
         let nr = read_u64(&nr_path).context("DAMON sysfs interface not available")?;
         if nr != 0 {
             bail!(
-                "{} is {nr}: other kdamonds exist; writing nr_kdamonds would remove their \
-                 configuration, so the agent does not start (stop and remove them first)",
+                "{} is {nr}: other kdamonds exist. DAMON's sysfs interface cannot add a kdamond \
+                 beside them: writing nr_kdamonds deletes every kdamond directory with its \
+                 configuration (and fails while one runs), so the agent does not start and \
+                 touches nothing. Either stop and remove those kdamonds if they are yours and no \
+                 longer needed (`echo off > kdamonds/<N>/state`, then \
+                 `echo 0 > kdamonds/nr_kdamonds`), or track this guest with the vtism_guest module \
+                 instead (docs/guest.md, \"Coexistence with other DAMON users\")",
                 nr_path.display()
             );
         }
@@ -105,15 +110,8 @@ impl Kdamond {
         }
         write(&ctx.join("operations"), "paddr")?;
         self.write_attrs(attrs)?;
-        let targets = ctx.join("targets");
-        write(&targets.join("nr_targets"), "1")?;
-        let regions = targets.join("0/regions");
-        write(&regions.join("nr_regions"), &ranges.len().to_string())?;
-        for (i, r) in ranges.iter().enumerate() {
-            let d = regions.join(i.to_string());
-            write(&d.join("start"), &r.start.to_string())?;
-            write(&d.join("end"), &r.end.to_string())?;
-        }
+        write(&ctx.join("targets/nr_targets"), "1")?;
+        self.write_regions(ranges)?;
         let schemes = ctx.join("schemes");
         write(&schemes.join("nr_schemes"), "1")?;
         let s = schemes.join("0");
@@ -132,7 +130,8 @@ impl Kdamond {
         self.dir.join("contexts/0")
     }
 
-    fn write_attrs(&self, a: &Attrs) -> Result<()> {
+    /// Writes the monitoring attributes (applied at `start` or `commit`).
+    pub fn write_attrs(&self, a: &Attrs) -> Result<()> {
         let m = self.ctx().join("monitoring_attrs");
         // DAMON checks sample <= aggr at commit; write in an order valid from any previous state
         write(&m.join("intervals/sample_us"), &a.sample_us.to_string())?;
@@ -140,6 +139,18 @@ impl Kdamond {
         write(&m.join("intervals/update_us"), &a.update_us.to_string())?;
         write(&m.join("nr_regions/max"), &a.max_nr_regions.to_string())?;
         write(&m.join("nr_regions/min"), &a.min_nr_regions.to_string())?;
+        Ok(())
+    }
+
+    /// Writes the target's regions (sorted, disjoint; DAMON checks them at `start`/`commit`).
+    pub fn write_regions(&self, ranges: &[PhysRange]) -> Result<()> {
+        let regions = self.ctx().join("targets/0/regions");
+        write(&regions.join("nr_regions"), &ranges.len().to_string())?;
+        for (i, r) in ranges.iter().enumerate() {
+            let d = regions.join(i.to_string());
+            write(&d.join("start"), &r.start.to_string())?;
+            write(&d.join("end"), &r.end.to_string())?;
+        }
         Ok(())
     }
 
@@ -153,9 +164,10 @@ impl Kdamond {
         Ok(())
     }
 
-    /// Applies new attributes to the running kdamond (`state commit`).
-    pub fn set_attrs(&mut self, a: &Attrs) -> Result<()> {
-        self.write_attrs(a)?;
+    /// Applies what was written since to the running kdamond (`state commit`, which blocks
+    /// until the kdamond's next aggregation): for the target's regions DAMON keeps its own
+    /// regions that lie inside them, cuts those that cross their boundaries and fills the gaps.
+    pub fn commit(&mut self) -> Result<()> {
         if self.started {
             write(&self.dir.join("state"), "commit")?;
         }
@@ -334,12 +346,41 @@ mod tests {
         assert_eq!(get(&d, "state"), "on");
         let mut a = attrs();
         a.aggr_us = 400_000;
-        k.set_attrs(&a).unwrap();
+        k.write_attrs(&a).unwrap();
+        k.commit().unwrap();
         assert_eq!(get(&d, "state"), "commit");
         assert_eq!(
             get(&d, "contexts/0/monitoring_attrs/intervals/aggr_us"),
             "400000"
         );
+        let cut = [
+            PhysRange {
+                start: 0x100000,
+                end: 0x200000,
+            },
+            PhysRange {
+                start: 0x200000,
+                end: 0x201000,
+            },
+            PhysRange {
+                start: 0x201000,
+                end: 0x3ffe0000,
+            },
+        ];
+        std::fs::write(d.path().join("kdamonds/0/state"), "on\n").unwrap();
+        for i in 0..3 {
+            std::fs::create_dir_all(
+                d.path()
+                    .join(format!("kdamonds/0/contexts/0/targets/0/regions/{i}")),
+            )
+            .unwrap();
+        }
+        k.write_regions(&cut).unwrap();
+        k.commit().unwrap();
+        assert_eq!(get(&d, "state"), "commit");
+        assert_eq!(get(&d, "contexts/0/targets/0/regions/nr_regions"), "3");
+        assert_eq!(get(&d, "contexts/0/targets/0/regions/1/start"), "2097152");
+        assert_eq!(get(&d, "contexts/0/targets/0/regions/1/end"), "2101248");
         std::fs::write(d.path().join("kdamonds/0/state"), "on\n").unwrap();
         k.remove().unwrap();
         assert_eq!(get(&d, "state"), "off");

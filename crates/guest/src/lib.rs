@@ -2,12 +2,14 @@
 //! for guests where loading the vtism_guest module is not allowed.
 //!
 //! Pieces, each testable without root against fixture files: `iomem` (System RAM ranges),
-//! `damon` (the DAMON sysfs interface: one kdamond of our own), `kpageflags` (page type and THP
+//! `damon` (the DAMON sysfs interface: one kdamond of our own), `confirm` (frame-by-frame
+//! confirmation of DAMON's hot regions), `kpageflags` (page type and THP
 //! heads), `history` (per-frame rounds-seen-hot window, entries hottest first), `pci` (the
 //! ivshmem BAR), `agent` (the loop).
 
 pub mod agent;
 pub mod cli;
+pub mod confirm;
 pub mod damon;
 pub mod history;
 pub mod iomem;
