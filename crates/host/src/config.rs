@@ -521,37 +521,37 @@ impl Config {
 
     fn validate_pool(&self) -> Result<(), ConfigError> {
         let p = &self.pool;
-        if !(0.0..100.0).contains(&p.reserve_percent) {
-            return Err(invalid(
+        let checks = [
+            (
                 "pool.reserve_percent",
+                (0.0..100.0).contains(&p.reserve_percent),
                 "must be at least 0 and below 100",
-            ));
-        }
-        if !(100..=3_600_000).contains(&p.rebalance_interval_ms) {
-            return Err(invalid(
+            ),
+            (
                 "pool.rebalance_interval_ms",
+                (100..=3_600_000).contains(&p.rebalance_interval_ms),
                 "must be between 100 and 3600000",
-            ));
-        }
-        if !(p.max_step_percent > 0.0 && p.max_step_percent <= 100.0) {
-            return Err(invalid(
+            ),
+            (
                 "pool.max_step_percent",
+                p.max_step_percent > 0.0 && p.max_step_percent <= 100.0,
                 "must be above 0 and at most 100",
-            ));
-        }
-        if !(0.0..100.0).contains(&p.hysteresis_percent) {
-            return Err(invalid(
+            ),
+            (
                 "pool.hysteresis_percent",
+                (0.0..100.0).contains(&p.hysteresis_percent),
                 "must be at least 0 and below 100",
-            ));
-        }
-        if !(0.0..=1000.0).contains(&p.headroom_percent) {
-            return Err(invalid(
+            ),
+            (
                 "pool.headroom_percent",
+                (0.0..=1000.0).contains(&p.headroom_percent),
                 "must be between 0 and 1000",
-            ));
+            ),
+        ];
+        match checks.into_iter().find(|c| !c.1) {
+            Some((field, _, problem)) => Err(invalid(field, problem)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Fast memory the pool hands out, given the fast nodes' total capacity: `pool.fast_mib`, or
@@ -679,21 +679,21 @@ fn pct(mib: u64, percent: f64) -> u64 {
     (mib as f64 * percent / 100.0) as u64
 }
 
+/// A minimum in % of the initial share: 0 - 100.
 fn check_min_percent(field: &str, p: f64) -> Result<(), ConfigError> {
-    if !(0.0..=100.0).contains(&p) {
-        return Err(invalid(
-            field,
-            "must be between 0 and 100 (% of the initial share)",
-        ));
-    }
-    Ok(())
+    check_between(field, p, 0.0, 100.0, " (% of the initial share)")
 }
 
+/// A maximum in % of the initial share: 100 - 10000.
 fn check_max_percent(field: &str, p: f64) -> Result<(), ConfigError> {
-    if !(100.0..=10000.0).contains(&p) {
+    check_between(field, p, 100.0, 10000.0, " (% of the initial share)")
+}
+
+fn check_between(field: &str, p: f64, lo: f64, hi: f64, unit: &str) -> Result<(), ConfigError> {
+    if !(lo..=hi).contains(&p) {
         return Err(invalid(
             field,
-            "must be between 100 and 10000 (% of the initial share)",
+            format!("must be between {lo} and {hi}{unit}"),
         ));
     }
     Ok(())
@@ -755,10 +755,7 @@ fn validate_vm_limits(i: usize, v: &VmConfig) -> Result<(), ConfigError> {
 }
 
 fn check_percent(field: &str, p: f64) -> Result<(), ConfigError> {
-    if !(0.0..=100.0).contains(&p) {
-        return Err(invalid(field, "must be between 0 and 100"));
-    }
-    Ok(())
+    check_between(field, p, 0.0, 100.0, "")
 }
 
 #[cfg(test)]

@@ -1516,40 +1516,26 @@ impl Daemon {
                 "Tier rank of the node (0 = fast).",
             );
             e.sample("vtism_node_tier", &l, f64::from(n.tier));
-            let (qp, qd) = queued.get(&n.id).copied().unwrap_or_default();
-            fam(
-                &mut e,
-                "vtism_mover_queue_depth",
-                "gauge",
-                "Batches queued per destination node and direction.",
-            );
-            e.sample(
-                "vtism_mover_queue_depth",
-                &[("node", &id), ("dir", Dir::Promote.label())],
-                qp as f64,
-            );
-            e.sample(
-                "vtism_mover_queue_depth",
-                &[("node", &id), ("dir", Dir::Demote.label())],
-                qd as f64,
-            );
-            let (ep, ed) = executed.get(&n.id).copied().unwrap_or_default();
-            fam(
-                &mut e,
-                "vtism_mover_worker_pages_total",
-                "counter",
-                "Pages the node's mover worker handed to move_pages (batches to that node).",
-            );
-            e.sample(
-                "vtism_mover_worker_pages_total",
-                &[("node", &id), ("dir", Dir::Promote.label())],
-                ep as f64,
-            );
-            e.sample(
-                "vtism_mover_worker_pages_total",
-                &[("node", &id), ("dir", Dir::Demote.label())],
-                ed as f64,
-            );
+            for (m, kind, help, by_dir) in [
+                (
+                    "vtism_mover_queue_depth",
+                    "gauge",
+                    "Batches queued per destination node and direction.",
+                    &queued,
+                ),
+                (
+                    "vtism_mover_worker_pages_total",
+                    "counter",
+                    "Pages the node's mover worker handed to move_pages (batches to that node).",
+                    &executed,
+                ),
+            ] {
+                let (p, d) = by_dir.get(&n.id).copied().unwrap_or_default();
+                fam(&mut e, m, kind, help);
+                for (dir, v) in [(Dir::Promote, p), (Dir::Demote, d)] {
+                    e.sample(m, &[("node", &id), ("dir", dir.label())], v as f64);
+                }
+            }
             node_rows.push(json!({
                 "id": n.id, "tier": n.tier, "kernel_tier": n.kernel_tier, "cpus": n.cpus,
                 "socket": n.socket, "mem_total_bytes": n.mem_total_bytes,

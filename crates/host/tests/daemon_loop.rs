@@ -6,7 +6,6 @@
 
 use serde_json::Value;
 use std::os::unix::net::UnixListener;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +16,7 @@ use vtism_proto::layout::off;
 use vtism_proto::{ChannelWriter, Gfn, HintEntry, PageType, RoundMeta, SharedRegion, Tracker};
 
 mod common;
-use common::{fake_qemu, RAM_FRAMES};
+use common::{daemon_sections, fake_qemu, RAM_FRAMES};
 
 fn vm_status(d: &Daemon) -> Option<Value> {
     d.status()["vms"]
@@ -51,31 +50,17 @@ fn daemon_rounds_against_a_fake_qemu() {
         stop.clone(),
     );
 
-    let sysfs =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/emuhost-3node/sys");
     let cfg = Config::parse(&format!(
+        "{}{}",
+        daemon_sections(&dir, 200),
         r#"
-[daemon]
-interval_ms = 50
-control_socket = "{ctl}"
-metrics_listen = ""
-sysfs_root = "{sysfs}"
-[discovery]
-scan_dirs = ["{qmp}"]
-scan_interval_ms = 100
-refresh_interval_ms = 200
-retry_backoff_ms = 100
-qmp_timeout_ms = 2000
 [channel]
 entry_budget = 100
 max_entries = 100
 [[vm]]
 name = "fake"
 fast_quota_mib = 1
-"#,
-        ctl = dir.join("ctl.sock").display(),
-        sysfs = sysfs.display(),
-        qmp = dir.join("qmp").display(),
+"#
     ))
     .unwrap();
     let mut d = Daemon::new(cfg, None).unwrap();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{fake_qemu, RAM_FRAMES};
+use common::{daemon_sections, fake_qemu, RAM_FRAMES};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -94,29 +94,7 @@ fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, FileMapping) {
 }
 
 fn config(dir: &Path, pool: &str, vms: &str) -> Config {
-    let sysfs =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/emuhost-3node/sys");
-    Config::parse(&format!(
-        r#"
-[daemon]
-interval_ms = 50
-control_socket = "{ctl}"
-metrics_listen = ""
-sysfs_root = "{sysfs}"
-[discovery]
-scan_dirs = ["{qmp}"]
-scan_interval_ms = 100
-refresh_interval_ms = 60000
-retry_backoff_ms = 100
-qmp_timeout_ms = 2000
-{pool}
-{vms}
-"#,
-        ctl = dir.join("ctl.sock").display(),
-        sysfs = sysfs.display(),
-        qmp = dir.join("qmp").display(),
-    ))
-    .unwrap()
+    Config::parse(&format!("{}\n{pool}\n{vms}\n", daemon_sections(dir, 60000))).unwrap()
 }
 
 const POOL: &str = r#"

@@ -101,3 +101,28 @@ pub fn fake_qemu(
         let _ = std::fs::remove_file(&sock);
     })
 }
+
+/// The `[daemon]` and `[discovery]` sections of a test daemon: fast rounds, the control socket
+/// and QMP scan directory under `dir`, no metrics listener, the emulated host's captured sysfs.
+pub fn daemon_sections(dir: &Path, refresh_interval_ms: u64) -> String {
+    let sysfs =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/emuhost-3node/sys");
+    format!(
+        r#"
+[daemon]
+interval_ms = 50
+control_socket = "{ctl}"
+metrics_listen = ""
+sysfs_root = "{sysfs}"
+[discovery]
+scan_dirs = ["{qmp}"]
+scan_interval_ms = 100
+refresh_interval_ms = {refresh_interval_ms}
+retry_backoff_ms = 100
+qmp_timeout_ms = 2000
+"#,
+        ctl = dir.join("ctl.sock").display(),
+        sysfs = sysfs.display(),
+        qmp = dir.join("qmp").display(),
+    )
+}
