@@ -6,11 +6,15 @@
 # bench-init.sh in it, and prints the figures recorded in docs/performance.md ("Guest tracker"):
 #   1. PTEs visited, subtrees skipped, scan time per GiB, prune=1 vs prune=0, per sparsity shape
 #   2. throughput of a GUPS-like workload: no module / adaptive default interval / fixed 100 ms
+#   3. the same workload as one process, tracking off and on (module defaults) in interleaved
+#      phases A1 B1 A2 ... A<n+1>: paired ratios of each B phase to the A phases around it
 # TCG timings are not hardware timings: only ratios measured within the one run mean anything.
 #
 # usage: guest/tests/bench.sh [6.12|6.1]       (default 6.12)
 # env:   VTISM_BENCH_OUT  work dir (default <repo>/build/bench)
 #        VTISM_BENCH_MB (512) VTISM_BENCH_ROUNDS (5) VTISM_BENCH_SECS (15) VTISM_BENCH_REPS (4)
+#        VTISM_BENCH_PARTS (prune,tput,ab: which parts run)
+#        VTISM_BENCH_AB_PAIRS (12) VTISM_BENCH_AB_SECS (20): part 3's B phases and their length
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,6 +25,9 @@ mb=${VTISM_BENCH_MB:-512}
 rounds=${VTISM_BENCH_ROUNDS:-5}
 secs=${VTISM_BENCH_SECS:-15}
 reps=${VTISM_BENCH_REPS:-4}
+parts=${VTISM_BENCH_PARTS:-prune,tput,ab}
+ab_pairs=${VTISM_BENCH_AB_PAIRS:-12}
+ab_secs=${VTISM_BENCH_AB_SECS:-20}
 mkdir -p "$out/$s"
 d=$out/$s
 
@@ -43,11 +50,11 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 nice -n 10 qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 2G \
 	-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
 	-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
-	-append "console=ttyS0 quiet panic=-1 vtism.bench=$mb,$rounds,$secs,$reps" \
+	-append "console=ttyS0 quiet panic=-1 vtism.bench=$mb,$rounds,$secs,$reps vtism.parts=$parts vtism.ab=$ab_pairs,$ab_secs" \
 	-object "memory-backend-file,id=hmem,share=on,mem-path=$chan,size=16M" \
 	-device ivshmem-plain,memdev=hmem &
 qpid=$!
-limit=$((600 + 12 * secs * reps))
+limit=$((600 + 12 * secs * reps + 3 * ab_secs * (2 * ab_pairs + 1)))
 while kill -0 "$qpid" 2>/dev/null; do
 	sleep 2
 	if [ $(($(date +%s) - t0)) -gt $limit ]; then

@@ -11,6 +11,11 @@
  *   bench_workload tput --mb N --secs S
  *       GUPS-like random read-modify-write updates of 8-byte words over N MiB; prints
  *       "VTB tput ops=<n> secs=<s> ops_per_s=<r>" measured with CLOCK_MONOTONIC.
+ *       With --slice-ms M --phase-file F (and --secs 0: until killed) it also prints, every
+ *       M ms, "VTB slice <phase> ops=<n> secs=<s>" where <phase> is F's first word, read at
+ *       the start and at the end of the slice; slices during which it changed, or whose
+ *       phase is "x" (a transition), are not printed. For interleaved A/B comparisons in one
+ *       process (bench-init.sh, part 3).
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -45,12 +50,33 @@ static char *map(size_t len)
 	return p;
 }
 
-static long arg(int argc, char **argv, const char *name, long def)
+/* The value after option `name`, NULL when absent. */
+static const char *sarg(int argc, char **argv, const char *name)
 {
 	for (int i = 2; i + 1 < argc; i++)
 		if (!strcmp(argv[i], name))
-			return atol(argv[i + 1]);
-	return def;
+			return argv[i + 1];
+	return NULL;
+}
+
+static long arg(int argc, char **argv, const char *name, long def)
+{
+	const char *v = sarg(argc, argv, name);
+
+	return v ? atol(v) : def;
+}
+
+/* The first word of the phase file, "x" when it cannot be read. */
+static void read_phase(const char *path, char out[32])
+{
+	FILE *f = fopen(path, "r");
+
+	strcpy(out, "x");
+	if (f) {
+		if (fscanf(f, "%31s", out) != 1)
+			strcpy(out, "x");
+		fclose(f);
+	}
 }
 
 int main(int argc, char **argv)
@@ -87,6 +113,14 @@ int main(int argc, char **argv)
 	} else if (!strcmp(argv[1], "tput")) {
 		uint64_t *w = (uint64_t *)p, n = len / 8, x = 88172645463325252ULL, ops = 0;
 		double t0 = now(), t;
+		long slice_ms = arg(argc, argv, "--slice-ms", 0);
+		const char *pf = sarg(argc, argv, "--phase-file");
+		char ph0[32], ph1[32];
+		uint64_t sops = 0;
+		double ts = t0;
+
+		if (slice_ms > 0 && pf)
+			read_phase(pf, ph0);
 
 		printf("VTB ready tput mb=%zu\n", len >> 20);
 		do {
@@ -115,7 +149,16 @@ int main(int argc, char **argv)
 				}
 			}
 			t = now() - t0;
-		} while (t < secs);
+			if (slice_ms > 0 && pf && (t0 + t - ts) * 1000 >= slice_ms) {
+				read_phase(pf, ph1);
+				if (!strcmp(ph0, ph1) && strcmp(ph0, "x"))
+					printf("VTB slice %s ops=%llu secs=%.3f\n", ph0,
+					       (unsigned long long)(ops - sops), t0 + t - ts);
+				strcpy(ph0, ph1);
+				sops = ops;
+				ts = t0 + t;
+			}
+		} while (!secs || t < secs);
 		printf("VTB tput ops=%llu secs=%.3f ops_per_s=%.0f\n", (unsigned long long)ops, t,
 		       ops / t);
 	} else {
