@@ -42,17 +42,18 @@ $BIN host -c $W/vtismd.toml --log info >$OUT/vtismd.log 2>&1 &
 VTISMD=$!
 
 truncate -s 1M /dev/shm/vtism-guest.chan
-# The default CPU model: with -cpu max, 6.12 double-faults early in boot under TCG inside TCG.
+# No CMPXCHG16B: SLUB's cmpxchg16b double-faults the 6.12 guest early in boot under TCG inside
+# TCG (QEMU 7.2); without the feature SLUB takes its lock-based path.
 # Guest RAM preallocated and interleaved over the two CXL nodes: the workload starts on slow
 # memory, as a VM does once its DRAM share is gone.
-qemu-system-x86_64 -accel tcg,tb-size=64 -machine q35 -smp 1 -m ${GUEST_MIB}M \
+qemu-system-x86_64 -accel tcg,tb-size=64 -machine q35 -cpu qemu64,cx16=off -smp 1 -m ${GUEST_MIB}M \
 	-name guest -display none -nodefaults -no-reboot \
 	-object memory-backend-ram,id=ram0,size=${GUEST_MIB}M,prealloc=on,host-nodes=2-3,policy=interleave \
 	-numa node,nodeid=0,memdev=ram0 \
 	-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-guest.chan,size=1M,share=on \
 	-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
 	-kernel "$VMLINUZ" -initrd "$GUEST_INITRD" \
-	-append "console=ttyS0 quiet panic=-1 vtism.gups=$GUPS_ARGS vtism.control_s=$CONTROL_S vtism.params=$MODULE_PARAMS" \
+	-append "console=ttyS0 panic=-1 vtism.gups=$GUPS_ARGS vtism.control_s=$CONTROL_S vtism.params=$MODULE_PARAMS" \
 	-serial file:$OUT/guest-console.log \
 	-qmp unix:$W/qmp/guest.qmp,server=on,wait=off \
 	-qmp unix:$W/probe.qmp,server=on,wait=off \

@@ -106,8 +106,10 @@ fn host_args(accel: &str, vmlinuz: &str, initrd: &str, repo: &Path, out: &Path) 
         },
         "-machine".into(),
         "q35,hmat=on".into(),
+        // No AVX: the nested QEMU's code generator uses AVX2 when the CPU has it, and under TCG
+        // (QEMU 7.2) that corrupts the nested guest (it double-faults early in boot).
         "-cpu".into(),
-        "max".into(),
+        "max,avx=off,avx2=off".into(),
         "-smp".into(),
         "2,sockets=2".into(),
         "-m".into(),
