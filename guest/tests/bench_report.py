@@ -33,12 +33,16 @@ for line in sys.stdin:
     elif f[1] == "info":
         info.append(" ".join(f[2:]))
 
-mb = 512
-for i in info:
-    m = re.search(r"\bmb=(\d+)", i)
-    if m:
-        mb = int(m.group(1))
-        break
+def info_num(name, default):
+    """The first `name=<number>` of the info lines."""
+    for i in info:
+        m = re.search(r"\b" + name + r"=(\d+)", i)
+        if m:
+            return int(m.group(1))
+    return default
+
+
+mb = info_num("mb", 512)
 gib = mb / 1024.0
 
 print("guest: " + "; ".join(i for i in info if i.startswith(("kernel", "thp", "dmesg"))))
@@ -114,12 +118,7 @@ def throughput():
             if rs:
                 rr = f"{statistics.mean(rs):.1f}"
                 iv = f"{statistics.mean(ivs):.0f}"
-                secs = 20.0
-                for i in info:
-                    mm = re.search(r"\bsecs=(\d+)", i)
-                    if mm:
-                        secs = float(mm.group(1))
-                        break
+                secs = float(info_num("secs", 20))
                 duty = f"{100 * statistics.mean(du) / secs:.1f}%"
         ratio = f"{m / base:.3f}" if base else "-"
         if base and cfg != "none":
