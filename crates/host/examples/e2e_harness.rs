@@ -12,6 +12,17 @@
 //!                        a convergence faster than a rate limit allows
 //!   e2e-harness quota    <qmp-socket> <fast-nodes> <quota-mib> <seconds>
 //!   e2e-harness placement <qmp-socket>
+//!   e2e-harness fast     <qmp-socket> <fast-nodes> <min-mib> <max-mib> <timeout-s> [forbid=<node>]
+//!                        waits until the VM has at least min-mib on the fast nodes; fails at once
+//!                        if a sample shows more than max-mib there, or any page on `forbid`
+//!   e2e-harness quotas   <ctl-socket> <seconds> <total-mib> <vm>=<lo-mib>:<hi-mib>... [until=<file>]
+//!                        samples `vtism ctl status`: every listed VM's quota within [lo, hi] and
+//!                        the quotas' sum within total at every sample, for <seconds> or until
+//!                        <file> exists
+//!   e2e-harness hog      <node> <keep-free-mib>
+//!                        allocates (and touches) memory on <node> until the node's MemFree is
+//!                        below keep-free-mib or the kernel places no more there, and keeps it so
+//!                        for as long as it runs
 //!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
 //!   e2e-harness get      <host:port> <path>
 //!
@@ -328,12 +339,188 @@ fn quota(sock: &str, fast: &str, quota_mib: u64, seconds: u64) -> R<()> {
 fn print_placement(sock: &str) -> R<()> {
     let mut q = connect(sock)?;
     let (pid, pl) = placement(&mut q)?;
-    let mut by: std::collections::BTreeMap<i32, u64> = Default::default();
-    for (_, s) in &pl {
+    println!("pid {pid}: {:?} (node or -errno: pages)", by_node(&pl));
+    Ok(())
+}
+
+/// Pages per node (or -errno) of a VM, printed compactly.
+fn by_node(pl: &[(u64, i32)]) -> std::collections::BTreeMap<i32, u64> {
+    let mut by = std::collections::BTreeMap::new();
+    for (_, s) in pl {
         *by.entry(*s).or_default() += 1;
     }
-    println!("pid {pid}: {by:?} (node or -errno: pages)");
+    by
+}
+
+/// Waits until the VM holds at least `min_mib` on `fast` nodes; fails the moment a sample shows
+/// more than `max_mib` there, or a page on `forbid`.
+fn fast(
+    sock: &str,
+    fast: &str,
+    min_mib: u64,
+    max_mib: u64,
+    timeout_s: u64,
+    forbid: Option<i32>,
+) -> R<()> {
+    let fast: Vec<i32> = fast
+        .split(',')
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
+    let mut q = connect(sock)?;
+    let t0 = Instant::now();
+    let mut samples = 0u64;
+    loop {
+        let (_pid, pl) = placement(&mut q)?;
+        samples += 1;
+        let by = by_node(&pl);
+        let f: u64 = fast
+            .iter()
+            .map(|n| by.get(n).copied().unwrap_or(0))
+            .sum::<u64>()
+            * 4096;
+        if f > max_mib << 20 {
+            return Err(format!("{} KiB on fast nodes > {max_mib} MiB: {by:?}", f >> 10).into());
+        }
+        if let Some(n) = forbid {
+            if let Some(c) = by.get(&n).filter(|c| **c > 0) {
+                return Err(format!("{c} pages on node {n}: {by:?}").into());
+            }
+        }
+        if f >= min_mib << 20 {
+            println!(
+                "{} MiB on nodes {fast:?} (>= {min_mib}, <= {max_mib}) after {:.1}s, {samples} samples; pages by node {by:?}",
+                f >> 20,
+                t0.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(timeout_s) {
+            return Err(format!(
+                "after {timeout_s}s only {} KiB on nodes {fast:?} (want {min_mib} MiB): {by:?}",
+                f >> 10
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Samples the daemon's status: each listed VM's quota within its bounds, the sum within
+/// `total_mib`, at every sample (a VM not managed yet is skipped until it appears).
+fn quotas(ctl: &str, seconds: u64, total_mib: u64, bounds: &[&str]) -> R<()> {
+    let mut want = Vec::new();
+    let mut until = None;
+    for b in bounds {
+        if let Some(f) = b.strip_prefix("until=") {
+            until = Some(Path::new(f));
+            continue;
+        }
+        let (vm, r) = b.split_once('=').ok_or("bounds are vm=lo:hi")?;
+        let (lo, hi) = r.split_once(':').ok_or("bounds are vm=lo:hi")?;
+        want.push((vm.to_string(), num(lo)? << 20, num(hi)? << 20));
+    }
+    let end = Instant::now() + Duration::from_secs(seconds);
+    let mut samples = 0u64;
+    let mut seen: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    while Instant::now() < end && !until.is_some_and(|f| f.exists()) {
+        let st = vtism_host::serve::ctl_request(Path::new(ctl), "status")?;
+        let vms = st["vms"].as_array().cloned().unwrap_or_default();
+        let mut sum = 0u64;
+        for v in &vms {
+            sum += v["quota_bytes"].as_u64().unwrap_or(0);
+        }
+        if sum > total_mib << 20 {
+            return Err(format!("quotas add up to {} KiB > {total_mib} MiB", sum >> 10).into());
+        }
+        for (name, lo, hi) in &want {
+            let Some(v) = vms.iter().find(|v| v["name"] == name.as_str()) else {
+                continue;
+            };
+            let q = v["quota_bytes"].as_u64().ok_or("no quota_bytes")?;
+            if q < *lo || q > *hi {
+                return Err(format!(
+                    "{name}: quota {} KiB outside [{}, {}] MiB (last change {})",
+                    q >> 10,
+                    lo >> 20,
+                    hi >> 20,
+                    v["last_quota_change"]
+                )
+                .into());
+            }
+            let e = seen.entry(name.clone()).or_insert((q, q));
+            *e = (e.0.min(q), e.1.max(q));
+        }
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ranges: Vec<String> = seen
+        .iter()
+        .map(|(n, (a, b))| format!("{n} {}-{} KiB", a >> 10, b >> 10))
+        .collect();
+    println!(
+        "quotas within bounds over {samples} samples: {}",
+        ranges.join(", ")
+    );
     Ok(())
+}
+
+fn node_free(node: u32) -> R<u64> {
+    let t = std::fs::read_to_string(format!("/sys/devices/system/node/node{node}/meminfo"))?;
+    vtism_host::topology::meminfo_field(&t, "MemFree").ok_or_else(|| "no MemFree".into())
+}
+
+/// Fills `node` with this process's memory until its MemFree is below `keep_mib`, and keeps it
+/// there (memory other processes free on the node is taken again) until killed. The memory policy
+/// prefers the node rather than binding to it, so the kernel never OOM-kills anyone for it: when
+/// the node is at its watermark the kernel places a chunk elsewhere, which this sees (move_pages
+/// query), gives back at once, and counts as the node being full.
+fn hog(node: u32, keep_mib: u64) -> R<()> {
+    const CHUNK: usize = 2 << 20;
+    const MPOL_PREFERRED: libc::c_long = 1;
+    let mask: [libc::c_ulong; 1] = [1 << node];
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            MPOL_PREFERRED,
+            mask.as_ptr(),
+            (mask.len() * 64) as libc::c_ulong,
+        )
+    };
+    if r != 0 {
+        return Err(format!("set_mempolicy: {}", std::io::Error::last_os_error()).into());
+    }
+    let pid = std::process::id() as i32;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut reported = false;
+    loop {
+        let free = node_free(node)?;
+        let mut full = free <= (keep_mib << 20) + CHUNK as u64;
+        if !full {
+            // Touch every page so it is allocated now, then check where the kernel put it.
+            let v = vec![0x5au8; CHUNK];
+            let base = (v.as_ptr() as u64 + 4095) & !4095;
+            let addrs: Vec<u64> = (0..CHUNK as u64 / 4096 - 1)
+                .map(|i| base + i * 4096)
+                .collect();
+            let mut st = vec![0i32; addrs.len()];
+            sys::move_pages(pid, &addrs, None, &mut st, 0)?;
+            if st.iter().all(|&s| s == node as i32) {
+                held.push(v);
+                continue;
+            }
+            full = true; // the node is at its watermark: `v` is given back here
+        }
+        if full && !reported {
+            println!(
+                "hog: node {node} MemFree {} MiB, holding {} MiB",
+                node_free(node)? >> 20,
+                (held.len() * CHUNK) >> 20
+            );
+            std::io::stdout().flush()?;
+            reported = true;
+        }
+        std::thread::sleep(Duration::from_millis(if full { 500 } else { 100 }));
+    }
 }
 
 fn capture(sock: &str, out: &str) -> R<()> {
@@ -455,6 +642,17 @@ fn main() {
         })(),
         ["quota", sock, fast, q, secs] => (|| quota(sock, fast, num(q)?, num(secs)?))(),
         ["placement", sock] => print_placement(sock),
+        ["fast", sock, nodes, lo, hi, t, rest @ ..] => (|| {
+            let forbid = match rest.iter().find_map(|r| r.strip_prefix("forbid=")) {
+                Some(n) => Some(num(n)? as i32),
+                None => None,
+            };
+            fast(sock, nodes, num(lo)?, num(hi)?, num(t)?, forbid)
+        })(),
+        ["quotas", ctl, secs, total, bounds @ ..] => {
+            (|| quotas(ctl, num(secs)?, num(total)?, bounds))()
+        }
+        ["hog", node, keep] => (|| hog(num(node)? as u32, num(keep)?))(),
         ["bench", mib, from, to, batches] => {
             (|| bench(num(mib)?, num(from)? as i32, num(to)? as i32, batches))()
         }
