@@ -650,9 +650,10 @@ impl Daemon {
         // The pool admits the VM only if its guaranteed minimum fits beside the others'; if not,
         // the VM is left alone (retried later: another VM may go away).
         let now = self.now();
+        let enforced = self.cfg.engine_limits(&limits);
         let initial = self
             .pool
-            .add_vm(id, self.cfg.engine_limits(&limits), now)
+            .add_vm(id, enforced, now)
             .map_err(|e| anyhow::anyhow!("fast-memory pool: {e}"))?;
         let quota = initial.to_bytes;
         if let Err(e) = self.engine.add_vm(VmSpec {
@@ -694,8 +695,8 @@ impl Daemon {
         info!(
             vm = %name, id = %id, pid = info.pid, socket = %sock.display(),
             ram_mib = info.memory.bytes() >> 20, ranges = info.memory.ranges.len(),
-            quota_mib = quota >> 20, min_mib = limits.min_bytes >> 20,
-            max_mib = limits.max_bytes >> 20, shares = limits.shares, home = ?home,
+            quota_mib = quota >> 20, min_mib = enforced.min_bytes >> 20,
+            max_mib = enforced.max_bytes >> 20, shares = enforced.shares, home = ?home,
             channel = ?channel.as_ref().map(|c| c.path.display().to_string()),
             channel_problem = ?channel_problem,
             qemu = ?info.qemu_version,
