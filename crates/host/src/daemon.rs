@@ -531,10 +531,13 @@ impl Daemon {
             self.last_scan = Some(Instant::now());
         }
         self.collect_attached();
-        self.watch_vms();
+        // The finished plan's report first: while a plan is in flight the periodic refresh of
+        // each VM (memory map, home node) waits, and a plan submitted every round would
+        // otherwise look in flight at every refresh and starve it.
         if let Some(r) = self.mover.poll() {
             self.apply_report(r);
         }
+        self.watch_vms();
         self.read_channels();
         if !self.mover.busy() {
             self.reconcile();

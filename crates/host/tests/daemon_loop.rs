@@ -47,6 +47,7 @@ fn daemon_rounds_against_a_fake_qemu() {
         "fake",
         chan.clone(),
         hva,
+        1,
         stop.clone(),
     );
 

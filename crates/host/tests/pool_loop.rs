@@ -1,4 +1,5 @@
-//! The pool wiring end to end inside the daemon, without privileges: two fake QEMUs, each a child
+//! The pool wiring (and the home node) end to end inside the daemon, without privileges: fake
+//! QEMUs, each a child
 //! process (this test binary re-run as `fake_qemu_process`) whose "guest RAM" is a buffer of its
 //! own, so vtismd sees two VMs with two pids and queries and moves their pages with real
 //! move_pages calls; real channel files; the captured sysfs of the emulated host. In pool mode
@@ -38,8 +39,26 @@ fn fake_qemu_process() {
     };
     let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
     let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
+    // The "vCPU": a thread that only sleeps; its id goes to `<sock>.tid` for the parent, which
+    // moves it between CPUs.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(unsafe { libc::gettid() });
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let tid = rx.recv().unwrap();
+    std::fs::write(format!("{sock}.tid"), tid.to_string()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let _server = fake_qemu(PathBuf::from(sock), &name, PathBuf::from(chan), hva, stop);
+    let _server = fake_qemu(
+        PathBuf::from(sock),
+        &name,
+        PathBuf::from(chan),
+        hva,
+        tid,
+        stop,
+    );
     // Serves until the parent kills it; exits on its own if the parent went away.
     let parent = std::os::unix::process::parent_id();
     let end = Instant::now() + Duration::from_secs(120);
@@ -56,6 +75,26 @@ impl Drop for FakeQemu {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// The fake QEMU's vCPU thread id.
+fn vcpu_tid(dir: &Path, name: &str) -> i32 {
+    let f = dir.join(format!("qmp/{name}.qmp.tid"));
+    std::fs::read_to_string(f).unwrap().trim().parse().unwrap()
+}
+
+/// Confines a thread to one CPU, as `taskset`/libvirt's vcpupin do to QEMU's vCPU threads.
+fn pin(tid: i32, cpu: usize) {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -304,6 +343,46 @@ fn pool_moves_quota_to_the_vm_with_the_larger_hot_set() {
     let st = d.status();
     assert_eq!(st["pool"]["mode"], "island");
     assert_eq!(st["pool"]["fast_bytes"], Value::Null);
+    d.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The home node follows the vCPU threads: at attach from their affinity, later when they are
+/// confined elsewhere (seen at two refreshes in a row). CPUs 0 and 1 are nodes 0 and 1 in the
+/// captured emulated-host topology the daemon reads.
+#[test]
+fn home_node_follows_the_vcpu_threads() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs CPUs 0 and 1");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("vtism-home-loop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    let (_q, _r, _m) = spawn_qemu(&dir, "roamer");
+    let tid = vcpu_tid(&dir, "roamer");
+    pin(tid, 1);
+    let cfg = Config::parse(&format!(
+        "{}\n[[vm]]\nname = \"roamer\"\nfast_quota_mib = 1\n",
+        daemon_sections(&dir, 100)
+    ))
+    .unwrap();
+    let mut d = Daemon::new(cfg, None).unwrap();
+    let home = |d: &Daemon| vm(d, "roamer").map(|v| v["home_node"].clone());
+    let step_until = |d: &mut Daemon, want: u64| {
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            d.round();
+            if home(d) == Some(Value::from(want)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    };
+    assert!(step_until(&mut d, 1), "home at attach: {:?}", home(&d));
+    pin(tid, 0);
+    assert!(step_until(&mut d, 0), "home after the move: {:?}", home(&d));
     d.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 pub const RAM_FRAMES: u64 = 1024;
 
-pub fn answer(cmd: &Value, name: &str, chan: &Path, hva: u64) -> Value {
+pub fn answer(cmd: &Value, name: &str, chan: &Path, hva: u64, vcpu_tid: i32) -> Value {
     let args = &cmd["arguments"];
     match cmd["execute"].as_str().unwrap_or("") {
         "qmp_capabilities" => json!({}),
@@ -30,7 +30,7 @@ pub fn answer(cmd: &Value, name: &str, chan: &Path, hva: u64) -> Value {
             _ => json!({"error": {"class": "GenericError", "desc": "no such property"}}),
         },
         "query-memdev" => json!([{"id": "ram0", "size": RAM_FRAMES * 4096}, {"id": "vtism-chan"}]),
-        "query-cpus-fast" => json!([{"thread-id": 1, "cpu-index": 0}]),
+        "query-cpus-fast" => json!([{"thread-id": vcpu_tid, "cpu-index": 0}]),
         "human-monitor-command" => {
             let c = args["command-line"].as_str().unwrap_or("");
             if c == "info mtree -f" {
@@ -58,6 +58,7 @@ pub fn fake_qemu(
     name: &str,
     chan: PathBuf,
     hva: u64,
+    vcpu_tid: i32,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     let l = UnixListener::bind(&sock).unwrap();
@@ -83,7 +84,7 @@ pub fn fake_qemu(
                     Ok(0) => break,
                     Ok(_) => {
                         let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                        let a = answer(&cmd, &name, &chan, hva);
+                        let a = answer(&cmd, &name, &chan, hva, vcpu_tid);
                         let mut msg = if a.get("error").is_some() {
                             a
                         } else {
