@@ -119,6 +119,8 @@ pub struct Tables {
     count_cap: u32,
     /// Relative level a frame needs to be hot (the level of `min_hot_score`).
     pub min_hot_level: u8,
+    /// Relative level a frame needs to count in the pool's hot-set size (`hot_set_min_score`).
+    pub hot_set_level: u8,
     /// Levels by which a frame must exceed another to displace it.
     pub hysteresis_levels: u8,
 }
@@ -177,6 +179,7 @@ impl Tables {
             write_weight: p.write_weight,
             count_cap: p.count_cap,
             min_hot_level: logq[min_hot],
+            hot_set_level: logq[p.hot_set_min_score.clamp(1, 255) as usize],
             hysteresis_levels: hyst.clamp(0.0, MAX_LEVEL as f64) as u8,
         }
     }

@@ -18,6 +18,10 @@ pub struct EngineParams {
     pub decay: f64,
     /// Minimum decayed score for a frame to count as hot at all.
     pub min_hot_score: u32,
+    /// Minimum decayed score for a frame to count in the hot-set size the pool balances
+    /// (`VtismPolicy::hot_set_bytes`): HMM-V's base page degree of 3, as the score of a frame with
+    /// degree 3 every round (3 / (1 - decay) = 12 at the default decay).
+    pub hot_set_min_score: u32,
     /// A slow frame displaces a fast one only when its decayed score is at least this many times
     /// higher (AutoTiering OPM's "less accessed than the faulting page", with a margin against
     /// noise).
@@ -39,6 +43,7 @@ impl Default for EngineParams {
             count_cap: 8,
             decay: 0.75,
             min_hot_score: 2,
+            hot_set_min_score: 12,
             hysteresis: 1.07,
             reserve_fraction: 0.02,
             reserve_min_bytes: 2 << 20,
@@ -83,6 +88,9 @@ impl EngineParams {
         }
         if self.min_hot_score > 255 {
             return err("min_hot_score", "must be at most 255");
+        }
+        if self.hot_set_min_score > 255 {
+            return err("hot_set_min_score", "must be at most 255");
         }
         if !(1.0..=100.0).contains(&self.hysteresis) {
             return err(

@@ -101,4 +101,8 @@ pub trait Policy {
         node: Option<NodeId>,
     ) -> Result<(), EngineError>;
     fn plan(&mut self, ctx: &PlanContext<'_>, now: Nanos) -> Plan;
+    /// The VM's fast quota now, for reports (`None`: the policy does not track one).
+    fn fast_quota(&self, _vm: VmId) -> Option<u64> {
+        None
+    }
 }

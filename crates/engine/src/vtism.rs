@@ -366,14 +366,14 @@ impl VtismPolicy {
     }
 
     /// Estimated hot-set size of a VM for pool balancing, HMM-V style: the frames whose decayed
-    /// score is at least `min_hot_score` (HMM-V's base threshold keeps a VM with many barely
+    /// score is at least `hot_set_min_score` (HMM-V's base threshold keeps a VM with many barely
     /// touched frames from claiming a large hot set). HMM-V then keeps the top 80% of them; we
     /// keep all and let the pool add headroom, since the 80% cut leaves a fifth of a hot set
     /// whose frames are all hot (GUPS) outside the quota. O(levels), from the level histogram.
     pub fn hot_set_bytes(&self, vm: VmId) -> Result<u64, EngineError> {
         let v = &self.vms[self.vm_pos(vm)?];
         let base = (self.tables.q as u64 * v.round % RING as u64) as usize;
-        let min_level = self.tables.min_hot_level as usize;
+        let min_level = self.tables.hot_set_level as usize;
         let hot: u64 = v
             .hist
             .iter()
@@ -1056,6 +1056,11 @@ impl Policy for VtismPolicy {
         }
         v.dirty = true;
         Ok(())
+    }
+
+    fn fast_quota(&self, vm: VmId) -> Option<u64> {
+        let p = self.vm_pos(vm).ok()?;
+        Some(self.vms[p].spec.fast_quota_bytes)
     }
 
     fn plan(&mut self, ctx: &PlanContext<'_>, _now: Nanos) -> Plan {

@@ -65,6 +65,10 @@ pub struct Common {
     /// diagnostic: what the engine does with finer-grained hints).
     #[arg(long, default_value = "adaptive")]
     pub guest_interval: String,
+    /// vtism's guest observation window in ms: Accessed bits cleared this long before each scan
+    /// (a proposed tracker, not the module's; costs a second pass per round). Default: none.
+    #[arg(long)]
+    pub guest_window: Option<f64>,
     /// Random seed: same seed, same results.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -188,6 +192,12 @@ pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
                 })?,
         ),
     };
+    if let Some(w) = c.guest_window {
+        if !(w >= 10.0 && w.is_finite()) {
+            anyhow::bail!("--guest-window: milliseconds >= 10, got {w}");
+        }
+    }
+    cfg.guest_window_ms = c.guest_window;
     if !(c.scale > 0.0 && c.scale.is_finite()) {
         anyhow::bail!("--scale: must be a positive number");
     }
@@ -213,6 +223,7 @@ pub fn workloads(c: &Common, cfg: &SimConfig, name: &str) -> anyhow::Result<Vec<
             cpu_ns: 20.0,
             vcpus: 8,
             seed: cfg.seed,
+            fast_weight: None,
         }]
     } else {
         workload::scenario(name, c.scale, cfg.duration_s, cfg.seed)?
@@ -321,10 +332,11 @@ fn workload_title(c: &Common) -> String {
 
 fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
     let cfg = config(&a.common)?;
-    let pols: Vec<String> = if a.policies.is_empty() {
-        policies::names().iter().map(|s| s.to_string()).collect()
-    } else {
+    let explicit = !a.policies.is_empty();
+    let pols: Vec<String> = if explicit {
         a.policies.clone()
+    } else {
+        policies::names().iter().map(|s| s.to_string()).collect()
     };
     for p in &pols {
         if !policies::names().contains(&p.as_str()) {
@@ -352,6 +364,12 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         if a.common.json || !std::io::stderr().is_terminal() {
             mp.set_draw_target(indicatif::ProgressDrawTarget::hidden());
         }
+        // With one VM the pool variants are vtism itself: run them only when asked for.
+        let pols: Vec<String> = pols
+            .iter()
+            .filter(|p| explicit || wls.len() > 1 || !policies::MULTI_VM_ONLY.contains(&p.as_str()))
+            .cloned()
+            .collect();
         let reference = run_one(&cfg, &wls, "all-fast", None, None)?;
         // The reference is all-fast's run: reuse it rather than run it twice.
         let others: Vec<String> = pols.iter().filter(|p| *p != "all-fast").cloned().collect();
@@ -470,6 +488,9 @@ fn emit(
             cfg.model.name, c.ratio, cfg.duration_s, cfg.seed
         );
         print!("{}", report::table(rows));
+        if reference.vms.len() > 1 {
+            print!("\nper VM:\n\n{}", report::per_vm_table(results, reference));
+        }
     }
     let Some(dir) = &c.out else {
         return Ok(None);
@@ -486,6 +507,13 @@ fn emit(
         c.ratio,
         report::table(rows)
     );
+    if reference.vms.len() > 1 {
+        md.push_str(&format!(
+            "Per VM: throughput relative to the same VM under all-fast (overall: geometric mean \
+             and total), and the fast quota at the end of the run (GiB):\n\n{}\n",
+            report::per_vm_table(results, reference)
+        ));
+    }
     md.push_str(&format!(
         "\n![throughput over time]({})\n\n![fast-tier occupancy]({})\n\n![hotness]({})\n",
         w.throughput_svg, w.occupancy_svg, w.heatmap_svg

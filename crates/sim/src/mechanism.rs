@@ -116,8 +116,9 @@ fn touched(acc: f64, fpu: u64) -> f64 {
 
 /// vtism's guest tracker (seed 002): an A-bit scan of the guest page tables every interval, the
 /// interval adapted from the scan time `Ts` as `T = (K*Ts + Kb)*Ts + Tbase` (K=8, Kb=50,
-/// Tbase=2500 ms), `Ts` = 4.4 ms per GiB of accessed memory. Each round publishes every frame seen
-/// in the history window (8 rounds) with the number of rounds it was seen in.
+/// Tbase=2500 ms), `Ts` = 4.4 ms per GiB of accessed memory, capped at `interval_max_ms` (10 s, the
+/// guest module's default `interval_max_ms`). Each round publishes every frame seen in the history
+/// window (8 rounds) with the number of rounds it was seen in.
 pub struct GuestScanner {
     next_scan: f64,
     counts: LazyCounts,
@@ -127,6 +128,12 @@ pub struct GuestScanner {
     pub k: f64,
     pub kb: f64,
     pub tbase_ms: f64,
+    /// Cap on the interval, ms; 0 = none.
+    pub interval_max_ms: f64,
+    /// Observation window, ms (a proposed tracker, not the module's): Accessed bits are cleared
+    /// this long before each scan instead of at the previous scan, so a round says "touched in
+    /// the last window" however long the interval; costs a second (clearing) pass per round.
+    pub window_ms: Option<f64>,
     pub rounds: u64,
     pub last_interval_ms: f64,
     pub trace: Option<TraceWriter<std::io::BufWriter<std::fs::File>>>,
@@ -145,6 +152,8 @@ impl GuestScanner {
             k: 8.0,
             kb: 50.0,
             tbase_ms: 2500.0,
+            interval_max_ms: 10_000.0,
+            window_ms: None,
             rounds: 0,
             last_interval_ms: 2500.0,
             trace: None,
@@ -165,7 +174,13 @@ impl GuestScanner {
 
 impl Tracker for GuestScanner {
     fn epoch(&mut self, v: &EpochView<'_>, policy: &mut dyn Policy) -> anyhow::Result<TrackCost> {
-        self.counts.add(v.profile, v.accesses);
+        // With a window, bits cleared at the window's start see only the accesses after it.
+        let window_open = self
+            .window_ms
+            .is_none_or(|w| v.t1 > self.next_scan - w / 1000.0 + 1e-9);
+        if window_open {
+            self.counts.add(v.profile, v.accesses);
+        }
         if v.t1 < self.next_scan - 1e-9 {
             return Ok(TrackCost::default());
         }
@@ -234,10 +249,14 @@ impl Tracker for GuestScanner {
         // Scan cost and the next interval.
         let gib = touched_frames * FRAME_SIZE as f64 / (1u64 << 30) as f64;
         let ts = v.model.tracking.scan_ms_per_gib * gib;
-        let interval = (self.k * ts + self.kb) * ts + self.tbase_ms;
+        let mut interval = (self.k * ts + self.kb) * ts + self.tbase_ms;
+        if self.interval_max_ms > 0.0 {
+            interval = interval.min(self.interval_max_ms);
+        }
         self.last_interval_ms = interval;
-        self.next_scan = v.t1 + interval / 1000.0;
-        let lost_ms = v.model.tracking.scan_slowdown_per_ms * ts * ts;
+        self.next_scan = v.t1 + interval.max(self.window_ms.unwrap_or(0.0)) / 1000.0;
+        let passes = if self.window_ms.is_some() { 2.0 } else { 1.0 };
+        let lost_ms = passes * v.model.tracking.scan_slowdown_per_ms * ts * ts;
         Ok(TrackCost {
             stall_ns: lost_ms * 1e6 * v.wl.concurrency,
         })

@@ -95,6 +95,63 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
+/// Per VM: accesses relative to the same VM under the reference (all-fast), their geometric mean
+/// and the total, and each VM's fast quota at the end of the run.
+pub fn per_vm_table(results: &[RunResult], reference: &RunResult) -> String {
+    let mut s = String::new();
+    let names: Vec<&str> = reference.vms.iter().map(|v| v.name.as_str()).collect();
+    let _ = writeln!(
+        s,
+        "| policy | {} | geomean | total | {} |",
+        names.join(" | "),
+        names
+            .iter()
+            .map(|n| format!("{n} quota"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let _ = writeln!(s, "| --- |{}", " ---: |".repeat(2 * names.len() + 2));
+    let base = reference.accesses();
+    for r in results {
+        let rel: Vec<f64> = r
+            .vms
+            .iter()
+            .zip(&reference.vms)
+            .map(|(v, b)| {
+                if b.accesses > 0.0 {
+                    v.accesses / b.accesses
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let geo = (rel.iter().map(|x| x.max(1e-12).ln()).sum::<f64>() / rel.len() as f64).exp();
+        let quotas: Vec<String> = match r.samples.last() {
+            Some(l) if !l.quota.is_empty() => {
+                l.quota.iter().map(|&q| format!("{:.2}", gib(q))).collect()
+            }
+            _ => r
+                .vms
+                .iter()
+                .map(|v| format!("{:.2}", gib(v.quota_bytes)))
+                .collect(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.3} | {:.3} | {} |",
+            r.policy,
+            rel.iter()
+                .map(|x| format!("{x:.3}"))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            geo,
+            if base > 0.0 { r.accesses() / base } else { 0.0 },
+            quotas.join(" | ")
+        );
+    }
+    s
+}
+
 /// Timeline CSV: one line per policy, sample and VM.
 pub fn timeline_csv(results: &[RunResult], reference: &RunResult) -> String {
     let mut s = String::from("policy,t_s,vm,accesses_per_s,relative_total,fast_bytes,fast_hit\n");

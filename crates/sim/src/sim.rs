@@ -39,6 +39,9 @@ pub struct SimConfig {
     pub heat_buckets: usize,
     /// vtism's guest scan interval, ms: `None` is the adaptive interval of the design.
     pub guest_interval_ms: Option<f64>,
+    /// vtism's guest observation window, ms (`None`: bits cleared at each scan, as the module
+    /// does). A proposed tracker; see `GuestScanner::window_ms`.
+    pub guest_window_ms: Option<f64>,
 }
 
 impl SimConfig {
@@ -53,6 +56,7 @@ impl SimConfig {
             sample_s: 1.0,
             heat_buckets: 64,
             guest_interval_ms: None,
+            guest_window_ms: None,
         }
     }
     pub fn fpu(&self) -> u64 {
@@ -133,6 +137,9 @@ pub struct Sample {
     pub fast_bytes: Vec<u64>,
     /// Fast-tier hit ratio over the sample, per VM.
     pub hit: Vec<f64>,
+    /// The policy's fast quota at the end of the sample, per VM (its initial quota when the
+    /// policy does not report one).
+    pub quota: Vec<u64>,
     pub migrated_bytes: u64,
 }
 
@@ -211,14 +218,27 @@ pub struct World<'a> {
 
 impl<'a> World<'a> {
     pub fn new(cfg: &'a SimConfig, workloads: &'a [VmWorkload], all_fast: bool) -> World<'a> {
+        // Fast memory of the run: each VM's footprint at the fast:slow ratio, split by the VMs'
+        // weights (by default their footprints, i.e. each VM at the ratio).
+        let fast_units: Vec<f64> = workloads
+            .iter()
+            .map(|w| w.units(cfg.unit_bytes) as f64 / (1.0 + cfg.slow_per_fast))
+            .collect();
+        let weights: Vec<f64> = workloads
+            .iter()
+            .zip(&fast_units)
+            .map(|(w, &f)| w.fast_weight.unwrap_or(f))
+            .collect();
+        let (total, wsum) = (fast_units.iter().sum::<f64>(), weights.iter().sum::<f64>());
         let quotas: Vec<u64> = workloads
             .iter()
-            .map(|w| {
+            .zip(&weights)
+            .map(|(w, &wt)| {
                 let units = w.units(cfg.unit_bytes) as u64;
                 let q = if all_fast {
                     units
                 } else {
-                    ((units as f64) / (1.0 + cfg.slow_per_fast)).round() as u64
+                    ((total * wt / wsum.max(1e-12)).round() as u64).min(units)
                 };
                 q * cfg.unit_bytes
             })
@@ -503,6 +523,8 @@ pub fn run(
             for (k, v) in vms.iter_mut().enumerate() {
                 s.tput.push(v.s_acc / span);
                 s.fast_bytes.push(v.fast_frames * FRAME_SIZE);
+                s.quota
+                    .push(pr.policy.fast_quota(v.id).unwrap_or(v.res.quota_bytes));
                 s.hit.push(if v.s_acc > 0.0 {
                     v.s_fast / v.s_acc
                 } else {

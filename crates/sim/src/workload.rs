@@ -106,6 +106,9 @@ pub struct VmWorkload {
     /// vCPUs (threads); TLB shootdowns and per-thread overheads reach each of them.
     pub vcpus: u32,
     pub seed: u64,
+    /// The VM's weight in splitting the fast memory of a run between VMs; `None`: its footprint
+    /// (every VM gets the same fast:slow ratio). HMM-V's co-run gives every VM the same DRAM.
+    pub fast_weight: Option<f64>,
 }
 
 impl VmWorkload {
@@ -315,6 +318,7 @@ pub fn scenario(
         cpu_ns: cpu,
         vcpus: 8,
         seed: seed.wrapping_add(s),
+        fast_weight: None,
     };
     let gups = |m| Kind::Gups {
         hot_bytes: sz(1.0),
@@ -371,51 +375,56 @@ pub fn scenario(
         )],
         // HMM-V §5.9.1: four VMs; RSS 10 GB fotonik3d, 19 GB graph500, 32 GB redis (20% hot),
         // 19 GB pagerank (hot <= 1 GB at the top of its address space, modelled by a small hot set).
-        "mix-hmmv4" => vec![
-            vm(
-                "fotonik3d",
-                Kind::Uniform { write_frac: 0.3 },
-                10.0,
-                8.0,
-                5.0,
-                1,
-            ),
-            vm(
-                "graph500",
-                Kind::Graph {
-                    iteration_secs: 10.0,
-                    theta: 0.8,
-                },
-                19.0,
-                8.0,
-                20.0,
-                2,
-            ),
-            vm(
-                "redis",
-                Kind::Gups {
-                    hot_bytes: sz(6.4),
-                    hot_frac: 0.8,
-                    move_at: None,
-                },
-                32.0,
-                8.0,
-                100.0,
-                3,
-            ),
-            vm(
-                "pagerank",
-                Kind::Gups {
-                    hot_bytes: sz(1.0),
-                    hot_frac: 0.9,
-                    move_at: None,
-                },
-                19.0,
-                8.0,
-                20.0,
-                4,
-            ),
-        ],
+        // Every VM starts with the same DRAM (HMM-V: 8 GB each).
+        "mix-hmmv4" => {
+            let mut v = vec![
+                vm(
+                    "fotonik3d",
+                    Kind::Uniform { write_frac: 0.3 },
+                    10.0,
+                    8.0,
+                    5.0,
+                    1,
+                ),
+                vm(
+                    "graph500",
+                    Kind::Graph {
+                        iteration_secs: 10.0,
+                        theta: 0.8,
+                    },
+                    19.0,
+                    8.0,
+                    20.0,
+                    2,
+                ),
+                vm(
+                    "redis",
+                    Kind::Gups {
+                        hot_bytes: sz(6.4),
+                        hot_frac: 0.8,
+                        move_at: None,
+                    },
+                    32.0,
+                    8.0,
+                    100.0,
+                    3,
+                ),
+                vm(
+                    "pagerank",
+                    Kind::Gups {
+                        hot_bytes: sz(1.0),
+                        hot_frac: 0.9,
+                        move_at: None,
+                    },
+                    19.0,
+                    8.0,
+                    20.0,
+                    4,
+                ),
+            ];
+            v.iter_mut().for_each(|w| w.fast_weight = Some(1.0));
+            v
+        }
         other => anyhow::bail!(
             "--workload: unknown workload {other:?}; one of: {}",
             WORKLOADS.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")

@@ -202,6 +202,7 @@ fn recorded_trace_replays() {
         cpu_ns: 20.0,
         vcpus: 8,
         seed: 1,
+        fast_weight: None,
     }];
     // The replay's hot data is the recorded one: the oracle finds it and beats static.
     let o = run(&c, &replay, "oracle").accesses();

@@ -8,6 +8,7 @@ mod hemem;
 mod hmmv;
 mod memtis;
 mod oracle;
+mod pooled;
 mod tpp;
 
 use crate::mechanism::{
@@ -25,6 +26,7 @@ pub use hemem::HeMem;
 pub use hmmv::HmmV;
 pub use memtis::Memtis;
 pub use oracle::Oracle;
+pub use pooled::PooledVtism;
 pub use tpp::{Tpp, TppMode};
 
 /// Policy names, in table order, with a one-line description.
@@ -40,6 +42,14 @@ pub const POLICIES: &[(&str, &str)] = &[
     (
         "vtism",
         "the vtism engine fed by the guest A-bit tracker with the adaptive interval",
+    ),
+    (
+        "vtism-island",
+        "vtism, fixed per-VM quotas through the pool in island mode (several VMs)",
+    ),
+    (
+        "vtism-pool",
+        "vtism with the fast-memory pool: quotas follow hot sets within 75%..125% (several VMs)",
     ),
     (
         "static",
@@ -74,6 +84,9 @@ pub const POLICIES: &[(&str, &str)] = &[
 pub fn names() -> Vec<&'static str> {
     POLICIES.iter().map(|p| p.0).collect()
 }
+
+/// Policies that only differ from `vtism` when several VMs share fast memory.
+pub const MULTI_VM_ONLY: &[&str] = &["vtism-island", "vtism-pool"];
 
 /// Builds a named policy with its trackers for the VMs of `setup`.
 pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
@@ -125,11 +138,36 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
                 if let Some(ms) = cfg.guest_interval_ms {
                     g.set_fixed_interval(ms);
                 }
+                g.window_ms = cfg.guest_window_ms;
                 Box::new(g)
             }),
             Unmap,
             Unmap,
         ),
+        "vtism-island" | "vtism-pool" => {
+            let fast: u64 = setup.specs.iter().map(|s| s.fast_quota_bytes).sum();
+            let (label, mode) = if name == "vtism-pool" {
+                ("vtism-pool", vtism_engine::PoolMode::Pool)
+            } else {
+                ("vtism-island", vtism_engine::PoolMode::Island)
+            };
+            let engine = VtismPolicy::new(setup.topology.clone(), EngineParams::default())
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            run(
+                name,
+                Box::new(PooledVtism::new(label, engine, mode, fast)?),
+                per_vm(&|i| {
+                    let mut g = GuestScanner::new(setup.units[i]);
+                    if let Some(ms) = cfg.guest_interval_ms {
+                        g.set_fixed_interval(ms);
+                    }
+                    g.window_ms = cfg.guest_window_ms;
+                    Box::new(g)
+                }),
+                Unmap,
+                Unmap,
+            )
+        }
         "oracle" => run(
             name,
             Box::new(Oracle::new(setup)),
