@@ -389,6 +389,41 @@ mod tests {
     }
 
     #[test]
+    fn the_hosts_floor_wins_over_the_cap() {
+        let mut w = vtism_proto::ChannelWriter::init(
+            vtism_proto::OwnedRegion::zeroed(64 * 1024),
+            Tracker::Damon,
+        )
+        .unwrap();
+        // a 1 s round: capped at 10 s by default
+        let capped = interval_ms(1_000_000, 8, 50, 2500, 10_000);
+        assert_eq!(w.next_interval_ms(capped), 10_000);
+        let fb = vtism_proto::Feedback {
+            ack_round: 0,
+            entry_budget: 0,
+            min_interval_ms: 20_000,
+            last_status: 0,
+            fast_quota_bytes: 0,
+            rejected_rounds: 0,
+            host_version: vtism_proto::HOST_VERSION,
+        };
+        vtism_proto::write_feedback(w.region(), &fb).unwrap();
+        w.read_feedback().unwrap();
+        assert_eq!(w.next_interval_ms(capped), 20_000);
+        // a floor below the cap changes nothing
+        vtism_proto::write_feedback(
+            w.region(),
+            &vtism_proto::Feedback {
+                min_interval_ms: 2500,
+                ..fb
+            },
+        )
+        .unwrap();
+        w.read_feedback().unwrap();
+        assert_eq!(w.next_interval_ms(capped), 10_000);
+    }
+
+    #[test]
     fn attrs_split_the_round() {
         let a = attrs_for(2000, 20, 10, 1000);
         assert_eq!(
