@@ -26,6 +26,9 @@ W=$!
 while [ ! -e /tmp/ready ] && kill -0 $W 2>/dev/null; do sleep 1; done
 sleep "${CONTROL:-30}"
 kill -0 $W 2>/dev/null || { echo "TBERR workload died"; poweroff -f; }
+# Announced before insmod: the module publishes its first round during insmod, and the control
+# phase must end before any round can exist.
+echo "TBMOD loading"
 if insmod /vtism_guest.ko $PARAMS; then
 	echo "TBMOD loaded $(cat /sys/module/vtism_guest/parameters/interval_max_ms 2>/dev/null)"
 else

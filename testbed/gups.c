@@ -57,10 +57,23 @@ static const char *sarg(int argc, char **argv, const char *name)
 	return NULL;
 }
 
-/* Print the frames of pages [first, first + n) as runs of consecutive gfns. */
-static void print_runs(const char *tag, const uint64_t *gfn, size_t first, size_t n)
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * Print the frames of pages [first, first + n) as runs of consecutive gfns, sorted: the page
+ * allocator hands out frames in shuffled order, and one line per frame through a TCG serial port
+ * costs seconds per thousand.
+ */
+static void print_runs(const char *tag, uint64_t *gfn, size_t first, size_t n)
 {
 	size_t i = first, end = first + n;
+
+	qsort(gfn + first, n, sizeof(*gfn), cmp_u64);
 
 	while (i < end) {
 		size_t k = 1;

@@ -7,6 +7,8 @@
 set -u
 OUT=/mnt
 . $OUT/testbed.env
+# Logs live on the emulated host's tmpfs and are copied to $OUT (virtfs) at the end: a serial
+# console written byte by byte through 9p slows the nested guest's boot several times over.
 W=/tmp/testbed
 mkdir -p $W/qmp
 exec 2>&1
@@ -20,6 +22,9 @@ done
 # Only vtismd moves pages here: the kernel's NUMA balancing (and tiering mode 2) stays off so the
 # control phase shows what vtism does and does not do.
 echo 0 >/proc/sys/kernel/numa_balancing 2>/dev/null
+# Guest RAM in 4 KiB host pages: move_pages(2) on one 4 KiB frame of a host THP moves the whole
+# 2 MiB folio, which vtismd's per-frame quota accounting does not expect (docs/host.md).
+echo never >/sys/kernel/mm/transparent_hugepage/enabled
 
 cat >$W/vtismd.toml <<EOF
 [daemon]
@@ -38,7 +43,7 @@ demote_mbps = $RATE_MBPS
 name = "guest"
 fast_quota_mib = $QUOTA_MIB
 EOF
-$BIN host -c $W/vtismd.toml --log info >$OUT/vtismd.log 2>&1 &
+$BIN host -c $W/vtismd.toml --log info >$W/vtismd.log 2>&1 &
 VTISMD=$!
 
 truncate -s 1M /dev/shm/vtism-guest.chan
@@ -54,14 +59,14 @@ qemu-system-x86_64 -accel tcg,tb-size=64 -machine q35 -cpu qemu64,cx16=off -smp 
 	-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
 	-kernel "$VMLINUZ" -initrd "$GUEST_INITRD" \
 	-append "console=ttyS0 panic=-1 vtism.gups=$GUPS_ARGS vtism.control_s=$CONTROL_S vtism.params=$MODULE_PARAMS" \
-	-serial file:$OUT/guest-console.log \
+	-serial file:$W/guest-console.log \
 	-qmp unix:$W/qmp/guest.qmp,server=on,wait=off \
 	-qmp unix:$W/probe.qmp,server=on,wait=off \
 	-daemonize -pidfile $W/guest.pid
 if [ -s $W/guest.pid ]; then
 	say "nested guest started (pid $(cat $W/guest.pid), ${GUEST_MIB} MiB on nodes 2-3); it boots Debian $(basename "$VMLINUZ" | sed 's/vmlinuz-//') under TCG inside TCG"
 	$BIN testbed probe --qmp $W/probe.qmp --control-socket $W/ctl.sock \
-		--console $OUT/guest-console.log --samples $OUT/samples.jsonl \
+		--console $W/guest-console.log --samples $OUT/samples.jsonl \
 		--dram-nodes 0,1 --slow-nodes 2,3 --settings $OUT/testbed.env
 	say "probe exited with $?"
 else
@@ -70,5 +75,5 @@ fi
 [ -s $W/guest.pid ] && kill "$(cat $W/guest.pid)" 2>/dev/null
 kill $VTISMD 2>/dev/null
 wait $VTISMD 2>/dev/null
-cp $W/vtismd.toml $OUT/ 2>/dev/null
+cp $W/vtismd.toml $W/vtismd.log $W/guest-console.log $OUT/ 2>/dev/null
 echo "inner done"

@@ -53,6 +53,8 @@ struct Console {
     updates_per_s: Option<u64>,
     error: Option<String>,
     booted: Option<String>,
+    /// The last kernel or init line, to show where a slow boot is.
+    last_other: String,
 }
 
 impl Console {
@@ -87,6 +89,9 @@ impl Console {
             "TBTPUT" => self.updates_per_s = run().map(|(_, u)| u),
             "TBBOOT" => self.booted = Some(line[6..].trim().to_string()),
             "TBERR" => self.error = Some(line[5..].trim().to_string()),
+            t if !t.starts_with("TB") && !line.trim().is_empty() => {
+                self.last_other = line.trim().chars().take(100).collect()
+            }
             _ => {}
         }
     }
