@@ -84,16 +84,14 @@ fn check(name: &'static str, ok: bool, detail: String) -> Check {
 
 const MIB: f64 = (1u64 << 20) as f64;
 
+/// The control-phase and the tracking-phase samples.
+fn by_phase(samples: &[Sample]) -> (Vec<&Sample>, Vec<&Sample>) {
+    samples.iter().partition(|x| x.phase == Phase::Control)
+}
+
 /// The full-stack test's assertions, from the samples alone.
 pub fn checks(s: &Settings, samples: &[Sample]) -> Vec<Check> {
-    let control: Vec<&Sample> = samples
-        .iter()
-        .filter(|x| x.phase == Phase::Control)
-        .collect();
-    let tracking: Vec<&Sample> = samples
-        .iter()
-        .filter(|x| x.phase == Phase::Tracking)
-        .collect();
+    let (control, tracking) = by_phase(samples);
     let mut out = Vec::new();
 
     // The control phase: hints absent, so nothing may be promoted.
@@ -213,14 +211,7 @@ pub fn checks(s: &Settings, samples: &[Sample]) -> Vec<Check> {
 /// A human summary of a run.
 pub fn summary(s: &Settings, samples: &[Sample]) -> String {
     let mut o = String::new();
-    let tracking: Vec<&Sample> = samples
-        .iter()
-        .filter(|x| x.phase == Phase::Tracking)
-        .collect();
-    let control: Vec<&Sample> = samples
-        .iter()
-        .filter(|x| x.phase == Phase::Control)
-        .collect();
+    let (control, tracking) = by_phase(samples);
     let mean_tput = |v: &[&Sample]| {
         let r: Vec<f64> = v
             .iter()

@@ -69,17 +69,10 @@ impl Settings {
                 guest_mib: 512,
                 work_mib: 320,
                 hot_mib: 64,
-                cold_period_s: 30,
                 quota_mib: 80,
-                control_s: 30,
                 track_limit_s: 420,
                 hold_s: 45,
-                boot_limit_s: 900,
-                target_share: 0.9,
-                daemon_interval_ms: 1000,
-                channel_min_interval_ms: 500,
-                rate_mbps: 64,
-                module_params: MODULE_PARAMS.into(),
+                ..Settings::for_profile(Profile::Test)
             },
         }
     }
