@@ -29,8 +29,8 @@ check() { # check NAME COMMAND...: PASS if the command succeeds
 ctl() { $BIN ctl --socket $W/ctl.sock "$@"; }
 status_json() { ctl status --json 2>/dev/null; }
 ctl_quota() { vm_field "$1" quota_bytes; }
-ctl_last_reason() { # the reason of a VM's last quota change
-	status_json | python3 -c "import json,sys; v=[x for x in json.load(sys.stdin)['vms'] if x['name']=='$1']; print(v[0]['last_quota_change']['reason'] if v else 'absent')" 2>/dev/null || echo absent
+vm_expr() { # vm_expr VM EXPR: a Python expression over the VM's row `v` of `vtism ctl status --json`
+	status_json | python3 -c "import json,sys; d=json.load(sys.stdin); v=[x for x in d['vms'] if x['name']=='$1']; v=v[0] if v else None; print(($2) if v else 'absent')" 2>/dev/null || echo absent
 }
 vm_field() { # vm_field VM FIELD: a field of a VM in `vtism ctl status --json`
 	status_json | python3 -c "import json,sys; d=json.load(sys.stdin); v=[x for x in d['vms'] if x['name']=='$1']; print(v[0]['$2'] if v else 'absent')" 2>/dev/null || echo "absent"
@@ -72,8 +72,8 @@ start_vm() {
 		-daemonize -pidfile $W/$name.pid
 }
 
-write_config() { # write_config QUOTA_A_MIB [RATE_A_MBPS]
-	cat >$W/vtismd.toml <<EOF
+daemon_sections() { # what every daemon configuration here starts with
+	cat <<EOF
 [daemon]
 interval_ms = 300
 control_socket = "$W/ctl.sock"
@@ -91,6 +91,13 @@ min_interval_ms = 200
 [mover]
 promote_mbps = 0
 demote_mbps = 0
+EOF
+}
+
+write_config() { # write_config QUOTA_A_MIB [RATE_A_MBPS]
+	{
+		daemon_sections
+		cat <<EOF
 [defaults]
 fast_quota_percent = 10
 [[vm]]
@@ -110,6 +117,7 @@ demote_mbps = 6
 name = "vm-d"
 fast_quota_mib = 16
 EOF
+	} >$W/vtismd.toml
 }
 
 start_daemon() { # start_daemon [CONFIG]
@@ -314,24 +322,9 @@ rm -f $W/qmp/vm-*.qmp # vm-c was killed with -9 and left its socket
 # hot set, p2's 4 MiB. The pool must move quota to p1, up to its maximum and never taking p2
 # below its minimum, and their promotions must go to remote DRAM (node 1), never to node 0.
 write_pool_config() { # write_pool_config [EXTRA LINE FOR p1]
-	cat >$W/pool.toml <<EOF
-[daemon]
-interval_ms = 300
-control_socket = "$W/ctl.sock"
-metrics_listen = "127.0.0.1:9464"
-log_level = "info,vtism_host=debug"
-[discovery]
-scan_dirs = ["$W/qmp"]
-scan_interval_ms = 500
-refresh_interval_ms = 3000
-retry_backoff_ms = 1000
-[channel]
-entry_budget = 32768
-max_entries = 65536
-min_interval_ms = 200
-[mover]
-promote_mbps = 0
-demote_mbps = 0
+	{
+		daemon_sections
+		cat <<EOF
 [topology]
 min_free_mib = 96
 [pool]
@@ -351,9 +344,7 @@ ${1:-}
 name = "p2"
 fast_quota_mib = 24
 EOF
-}
-pool_field() { # pool_field VM EXPR: a Python expression over the VM's status row `v`
-	status_json | python3 -c "import json,sys; d=json.load(sys.stdin); v=[x for x in d['vms'] if x['name']=='$1']; v=v[0] if v else None; print(($2) if v else 'absent')" 2>/dev/null || echo absent
+	} >$W/pool.toml
 }
 T1=$SECONDS
 # Host THPs are off for these VMs' RAM: the guests hint 4 KiB frames, and move_pages on one page
@@ -384,9 +375,9 @@ QUOTAS=$!
 quotas_are() { [ "$(ctl_quota p1)" = $(($1 << 20)) ] && [ "$(ctl_quota p2)" = $(($2 << 20)) ]; }
 check "pool: p1's quota grows to its 30 MiB maximum, p2's shrinks to its 18 MiB minimum" \
 	wait_for 60 quotas_are 30 18
-r1=$(pool_field p1 "v['last_quota_change']['reason']")
-r2=$(pool_field p2 "v['last_quota_change']['reason']")
-h1=$(pool_field p1 "v['hot_set_bytes'] >> 20")
+r1=$(vm_expr p1 "v['last_quota_change']['reason']")
+r2=$(vm_expr p2 "v['last_quota_change']['reason']")
+h1=$(vm_expr p1 "v['hot_set_bytes'] >> 20")
 [ "$r1" = grow ] && [ "$r2" = shrink ] && pass "pool: ctl status says why (p1 $r1 with a ${h1} MiB hot set, p2 $r2)" ||
 	fail "pool: last changes p1 $r1, p2 $r2 (want grow, shrink)"
 n1=$(metric 'vtism_vm_quota_changes_total\{vm="p1",reason="grow"\}')
@@ -405,7 +396,7 @@ w1=$(metric 'vtism_mover_worker_pages_total\{node="1",dir="promote"\}')
 # SIGHUP: a lower maximum for p1 clamps its quota, and its fast memory follows.
 write_pool_config "quota_max_mib = 26"
 kill -HUP "$(cat $W/vtismd.pid)"
-clamped() { [ "$(ctl_quota p1)" = $((26 << 20)) ] && [ "$(ctl_last_reason p1)" = clamp ]; }
+clamped() { [ "$(ctl_quota p1)" = $((26 << 20)) ] && [ "$(vm_expr p1 "v['last_quota_change']['reason']")" = clamp ]; }
 check "pool reload: p1's quota clamped to its new 26 MiB maximum" wait_for 20 clamped
 check "pool reload: p1's fast memory comes down within 26 MiB" wait_for 30 $H fast $W/p1.harness 0,1 0 26 0
 touch $W/quotas.stop
