@@ -19,8 +19,8 @@ pub struct EngineParams {
     /// Minimum decayed score for a frame to count as hot at all.
     pub min_hot_score: u32,
     /// Minimum decayed score for a frame to count in the hot-set size the pool balances
-    /// (`VtismPolicy::hot_set_bytes`): HMM-V's base page degree of 3, as the score of a frame with
-    /// degree 3 every round (3 / (1 - decay) = 12 at the default decay).
+    /// (`VtismPolicy::hot_set_bytes`): HMM-V counts pages whose degree is above its base of 3; a
+    /// frame with degree 4 every round settles at 4 / (1 - decay) = 16 at the default decay.
     pub hot_set_min_score: u32,
     /// A slow frame displaces a fast one only when its decayed score is at least this many times
     /// higher (AutoTiering OPM's "less accessed than the faulting page", with a margin against
@@ -43,7 +43,7 @@ impl Default for EngineParams {
             count_cap: 8,
             decay: 0.75,
             min_hot_score: 2,
-            hot_set_min_score: 12,
+            hot_set_min_score: 16,
             hysteresis: 1.07,
             reserve_fraction: 0.02,
             reserve_min_bytes: 2 << 20,

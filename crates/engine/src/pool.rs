@@ -525,16 +525,19 @@ impl FastPool {
         out
     }
 
-    /// Pool mode: move each VM toward its goal (its target, with hysteresis), at most one step
-    /// per interval; shrinks first, then the largest deficits grow into what is unallocated.
+    /// Pool mode: move each VM toward its goal (its target, with hysteresis; none for growing
+    /// while memory is unallocated), at most one step per interval; shrinks first, then the
+    /// largest deficits grow into what is unallocated.
     fn pace(&mut self, targets: &BTreeMap<VmId, u64>, now: Nanos) -> Vec<QuotaChange> {
         let p = self.params;
         let step = ((p.fast_bytes as f64 * p.max_step_fraction) as u64).max(FRAME_SIZE);
+        // Growing into unallocated memory takes nothing from anyone: no band for that.
+        let unallocated = self.free() >= FRAME_SIZE;
         for (id, v) in self.vms.iter_mut() {
             let t = targets[id];
             let band = p.hysteresis_fraction * v.quota.max(t) as f64;
             let g = match v.goal {
-                Some(g) if (g.abs_diff(t) as f64) <= band => g,
+                Some(g) if (g.abs_diff(t) as f64) <= band && !(unallocated && t > g) => g,
                 _ => t,
             };
             v.goal = Some(g.clamp(v.limits.min_bytes, v.limits.max_bytes));

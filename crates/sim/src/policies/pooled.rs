@@ -112,9 +112,12 @@ impl Policy for PooledVtism {
     }
 
     fn plan(&mut self, ctx: &PlanContext<'_>, now: Nanos) -> Plan {
+        // A VM's estimate only means something once its hint history is full.
+        let window = self.engine.params().count_cap as u64;
         let demand: Vec<(VmId, u64)> = self
             .vms
             .iter()
+            .filter(|&&vm| self.engine.summary(vm).is_ok_and(|s| s.rounds >= window))
             .filter_map(|&vm| Some((vm, self.engine.hot_set_bytes(vm).ok()?)))
             .collect();
         let changes = self.pool.rebalance(&demand, now);
