@@ -41,7 +41,7 @@ demo: deps-demo build-release
 demo-engine: build-release
 	$(RELEASE_BIN) demo
 
-test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e
+test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e test-testbed
 	@echo "make test: all passed"
 
 lint:
