@@ -155,15 +155,15 @@ pub fn status_table(v: &serde_json::Value) -> String {
         out.push_str(&format!(
             "{:<16} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>9}\n",
             vm["name"].as_str().unwrap_or("?"),
-            vm["pid"],
+            vm["pid"].to_string(),
             b("ram_bytes"),
             b("quota_bytes"),
             b("fast_bytes"),
             b("slow_bytes"),
             b("hot_set_bytes"),
-            vm["last_round"],
+            vm["last_round"].to_string(),
             age,
-            vm["rounds_rejected"],
+            vm["rounds_rejected"].to_string(),
         ));
         if let Some(p) = vm["channel_problem"].as_str() {
             out.push_str(&format!("  channel: {p}\n"));
@@ -183,7 +183,7 @@ pub fn status_table(v: &serde_json::Value) -> String {
                 b("quota_bytes"),
                 b("quota_min_bytes"),
                 b("quota_max_bytes"),
-                vm["shares"],
+                vm["shares"].to_string(),
                 b("hot_set_bytes"),
                 quota_change(&vm["last_quota_change"]),
             ));
@@ -273,6 +273,11 @@ mod tests {
             "{t}"
         );
         assert!(t.lines().count() == 3);
+        // Numbers from the JSON are right-aligned like the rest (a JSON value ignores widths).
+        let (head, row) = (t.lines().nth(1).unwrap(), t.lines().nth(2).unwrap());
+        let pid_end = head.find("PID").unwrap() + 3;
+        assert_eq!(&row[pid_end - 2..pid_end], "99", "{t}");
+        assert_eq!(head.len(), row.len(), "{t}");
     }
 
     #[test]
