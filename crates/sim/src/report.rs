@@ -197,13 +197,20 @@ pub fn summary(results: &[(String, Vec<Row>)]) -> String {
         s.push_str(" ---: |");
     }
     s.push('\n');
-    let Some((_, first)) = results.first() else {
-        return s;
-    };
-    for (i, r) in first.iter().enumerate() {
-        let _ = write!(s, "| {} |", r.policy);
+    // Rows by policy name, in first-seen order: workloads need not run the same policies (the
+    // pool variants only run where several VMs share fast memory).
+    let mut policies: Vec<&str> = Vec::new();
+    for (_, rows) in results {
+        for r in rows {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+    }
+    for p in policies {
+        let _ = write!(s, "| {p} |");
         for (_, rows) in results {
-            match rows.get(i) {
+            match rows.iter().find(|x| x.policy == p) {
                 Some(x) => {
                     let _ = write!(s, " {:.3} |", x.throughput);
                 }
@@ -335,4 +342,37 @@ pub fn write_plots(
         placement_svg,
         csv,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: &str, throughput: f64) -> Row {
+        Row {
+            policy: policy.into(),
+            throughput,
+            steady: throughput,
+            fast_hit: 0.0,
+            t90_s: None,
+            migrated_bytes: 0,
+            tracking_overhead: 0.0,
+            migration_overhead: 0.0,
+            wall_secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn summary_matches_rows_by_policy_when_workloads_run_different_policies() {
+        let one = vec![row("all-fast", 1.0), row("vtism", 0.5), row("static", 0.4)];
+        let many = vec![
+            row("all-fast", 1.0),
+            row("vtism", 0.6),
+            row("vtism-pool", 0.7),
+            row("static", 0.3),
+        ];
+        let t = summary(&[("a".into(), one), ("b".into(), many)]);
+        assert!(t.contains("| static | 0.400 | 0.300 |"), "{t}");
+        assert!(t.contains("| vtism-pool | - | 0.700 |"), "{t}");
+    }
 }
