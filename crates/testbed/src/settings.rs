@@ -53,7 +53,7 @@ impl Settings {
                 guest_mib: 256,
                 work_mib: 96,
                 hot_mib: 16,
-                cold_period_s: 30,
+                cold_period_s: 60,
                 quota_mib: 20,
                 control_s: 30,
                 track_limit_s: 300,
