@@ -58,7 +58,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub check: bool,
     /// QEMU accelerator of the emulated host: auto (KVM only if a KVM guest really boots), tcg, kvm.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcg", "kvm"])]
     pub accel: String,
     /// Override the profile's DRAM quota of the guest (MiB).
     #[arg(long)]
