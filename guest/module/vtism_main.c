@@ -70,9 +70,9 @@ MODULE_PARM_DESC(interval_base_ms, "Tbase in the interval formula, ms (2500)");
  * Capped by default: the formula is quadratic in the scan time (a 1 s scan would mean 2.2 h),
  * and a hot set that is only looked at every few hours is no hint at all.
  */
-unsigned int vt_interval_max_ms = 10000;
+unsigned int vt_interval_max_ms = 300000;
 module_param_cb(interval_max_ms, &vt_interval_ops, &vt_interval_max_ms, 0644);
-MODULE_PARM_DESC(interval_max_ms, "cap on the interval, ms; 0 = none (10000); the host's floor wins");
+MODULE_PARM_DESC(interval_max_ms, "cap on the interval, ms; 0 = none (300000); the host's floor wins");
 
 unsigned int vt_history_rounds = 8;
 module_param_named(history_rounds, vt_history_rounds, uint, 0644);

@@ -111,7 +111,7 @@ done
 # ---- 3. interleaved A/B in one workload process: tracking off (A) / module defaults (B) ----
 # One GUPS-like process runs throughout and reports its ops every 500 ms, tagged with the phase
 # in /tmp/phase; phases A1 B1 A2 B2 ... A<n+1> of AB_SECS each, the module loaded with its
-# defaults (adaptive interval, 10 s cap) for the B phases and unloaded for the A phases.
+# defaults (adaptive interval, capped by interval_max_ms) for the B phases and unloaded for the A phases.
 # Slices that straddle an insmod/rmmod are dropped ("x"). The same process, the same frames,
 # the same soft-TLB state: what remains is the host's load drifting, which bracketing each B
 # phase by the A phases around it cancels to first order.

@@ -395,7 +395,7 @@ mod tests {
             Tracker::Damon,
         )
         .unwrap();
-        // a 1 s round: capped at 10 s by default
+        // a 1 s round under a 10 s cap
         let capped = interval_ms(1_000_000, 8, 50, 2500, 10_000);
         assert_eq!(w.next_interval_ms(capped), 10_000);
         let fb = vtism_proto::Feedback {

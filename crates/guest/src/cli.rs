@@ -23,7 +23,7 @@ pub struct GuestArgs {
     pub interval_base_ms: u64,
     /// Cap on T, ms (0 = none); the host's min_interval_ms still wins. Capped by default as the
     /// module is: the formula is quadratic in Ts (a 1 s round would mean 2.2 h).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 300_000)]
     pub interval_max_ms: u64,
     /// DAMON samples per round (sample interval = T / samples, at least 1 ms).
     #[arg(long, default_value_t = 20)]
@@ -115,8 +115,8 @@ mod tests {
     #[test]
     fn interval_is_capped_by_default() {
         let c = Cmd::parse_from(["vtism-guest"]);
-        assert_eq!(c.guest.interval_max_ms, 10_000);
-        // a 1 s round: 2.2 h uncapped, 10 s by default
+        assert_eq!(c.guest.interval_max_ms, 300_000);
+        // a 1 s round: 2.2 h uncapped, 5 min by default
         let g = &c.guest;
         let t = agent::interval_ms(
             1_000_000,
@@ -125,7 +125,7 @@ mod tests {
             g.interval_base_ms,
             g.interval_max_ms,
         );
-        assert_eq!(t, 10_000);
+        assert_eq!(t, 300_000);
         let c = Cmd::parse_from(["vtism-guest", "--interval-max-ms", "0"]);
         assert_eq!(c.guest.interval_max_ms, 0);
     }

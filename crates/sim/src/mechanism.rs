@@ -116,7 +116,7 @@ fn touched(acc: f64, fpu: u64) -> f64 {
 
 /// vtism's guest tracker (seed 002): an A-bit scan of the guest page tables every interval, the
 /// interval adapted from the scan time `Ts` as `T = (K*Ts + Kb)*Ts + Tbase` (K=8, Kb=50,
-/// Tbase=2500 ms), `Ts` = 4.4 ms per GiB of accessed memory, capped at `interval_max_ms` (10 s, the
+/// Tbase=2500 ms), `Ts` = 4.4 ms per GiB of accessed memory, capped at `interval_max_ms` (5 min, the
 /// guest module's default `interval_max_ms`). Each round publishes every frame seen in the history
 /// window (8 rounds) with the number of rounds it was seen in.
 pub struct GuestScanner {
@@ -152,7 +152,7 @@ impl GuestScanner {
             k: 8.0,
             kb: 50.0,
             tbase_ms: 2500.0,
-            interval_max_ms: 10_000.0,
+            interval_max_ms: 300_000.0,
             window_ms: None,
             rounds: 0,
             last_interval_ms: 2500.0,

@@ -89,7 +89,7 @@ fn pool_moves_quota_within_limits_and_beats_islands() {
 
 #[test]
 fn without_a_demand_signal_the_pool_does_no_harm() {
-    // The module's tracker (adaptive interval, 10 s cap): hot-set estimates cover whole VMs, all
+    // The module's tracker (adaptive interval, 5 min cap): hot-set estimates cover whole VMs, all
     // want their maximum, and the split stays the share-based one.
     let (island, pool) = both(None, 60.0);
     let ratio = pool.accesses() / island.accesses();
