@@ -108,6 +108,19 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         mover_speedup: 1.0,
         all_fast: false,
     };
+    // vtism's engine and its guest tracker, as the plain and the pooled variants run them.
+    let vtism_engine = || {
+        VtismPolicy::new(setup.topology.clone(), EngineParams::default())
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let guest_scanner = |i: usize| -> Box<dyn Tracker> {
+        let mut g = GuestScanner::new(setup.units[i]);
+        if let Some(ms) = cfg.guest_interval_ms {
+            g.set_fixed_interval(ms);
+        }
+        g.window_ms = cfg.guest_window_ms;
+        Box::new(g)
+    };
     use MoveMode::*;
     Ok(match name {
         "all-fast" | "static" => {
@@ -129,18 +142,8 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         }
         "vtism" => run(
             name,
-            Box::new(
-                VtismPolicy::new(setup.topology.clone(), EngineParams::default())
-                    .map_err(|e| anyhow::anyhow!("{e}"))?,
-            ),
-            per_vm(&|i| {
-                let mut g = GuestScanner::new(setup.units[i]);
-                if let Some(ms) = cfg.guest_interval_ms {
-                    g.set_fixed_interval(ms);
-                }
-                g.window_ms = cfg.guest_window_ms;
-                Box::new(g)
-            }),
+            Box::new(vtism_engine()?),
+            per_vm(&guest_scanner),
             Unmap,
             Unmap,
         ),
@@ -151,19 +154,10 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
             } else {
                 ("vtism-island", vtism_engine::PoolMode::Island)
             };
-            let engine = VtismPolicy::new(setup.topology.clone(), EngineParams::default())
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
             run(
                 name,
-                Box::new(PooledVtism::new(label, engine, mode, fast)?),
-                per_vm(&|i| {
-                    let mut g = GuestScanner::new(setup.units[i]);
-                    if let Some(ms) = cfg.guest_interval_ms {
-                        g.set_fixed_interval(ms);
-                    }
-                    g.window_ms = cfg.guest_window_ms;
-                    Box::new(g)
-                }),
+                Box::new(PooledVtism::new(label, vtism_engine()?, mode, fast)?),
+                per_vm(&guest_scanner),
                 Unmap,
                 Unmap,
             )
