@@ -59,7 +59,12 @@ fn init_logging(filter: Option<&str>, json: bool) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log.as_deref(), cli.log_json);
+    // vtismd sets up its own logging from its configuration (daemon.log_level, log_format) unless
+    // the command line says otherwise; a subscriber installed here first would win.
+    let host_logs_itself = matches!(cli.cmd, Cmd::Host(_)) && cli.log.is_none() && !cli.log_json;
+    if !host_logs_itself {
+        init_logging(cli.log.as_deref(), cli.log_json);
+    }
     let res = match cli.cmd {
         Cmd::Host(a) => vtism_host::cli::host_main(a),
         Cmd::Ctl(a) => vtism_host::cli::ctl_main(a),
