@@ -5,6 +5,7 @@
 //! every field of the copy before anything else sees it. [`ChannelWriter`] is the guest side.
 
 pub mod addr;
+pub mod count;
 pub mod entry;
 pub mod layout;
 pub mod ram_map;
@@ -13,6 +14,7 @@ pub mod region;
 pub mod writer;
 
 pub use addr::{Gfn, Gpa, Hva, FRAME_SHIFT, FRAME_SIZE, HUGE_FRAMES};
+pub use count::CountMeaning;
 pub use entry::{HintEntry, PageType};
 pub use layout::{Feedback, Tracker, HOST_VERSION};
 pub use ram_map::{GfnRange, RamMap, RamMapError};
