@@ -94,6 +94,7 @@ fn setup_shape(hot: u64, cold_touch: f64) -> (VtismPolicy, Vec<Vec<HintEntry>>) 
             Observation::Hints {
                 entries: &rounds[r % 4],
                 overflow: false,
+                counts: vtism_proto::CountMeaning::RoundsSeen,
             },
             Nanos::from_secs(r as u64),
         )
@@ -133,6 +134,7 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
                 Observation::Hints {
                     entries: r,
                     overflow: false,
+                    counts: vtism_proto::CountMeaning::RoundsSeen,
                 },
                 Nanos::from_secs(t),
             )
@@ -149,6 +151,7 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
                 Observation::Hints {
                     entries: r,
                     overflow: false,
+                    counts: vtism_proto::CountMeaning::RoundsSeen,
                 },
                 Nanos::from_secs(t),
             )
@@ -176,6 +179,7 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
                 Observation::Hints {
                     entries: r,
                     overflow: false,
+                    counts: vtism_proto::CountMeaning::RoundsSeen,
                 },
                 Nanos::from_secs(t),
             )
@@ -207,6 +211,7 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
                     Observation::Hints {
                         entries: &hints,
                         overflow: false,
+                        counts: vtism_proto::CountMeaning::RoundsSeen,
                     },
                     Nanos::from_secs(1000),
                 )

@@ -8,7 +8,8 @@
 
 use crate::params::EngineParams;
 use crate::types::NodeId;
-use vtism_proto::PageType;
+use vtism_proto::count::level_of_rate;
+use vtism_proto::{CountMeaning, PageType};
 
 /// Bit layout of a frame's `u32`:
 /// `0..8` score, `8..16` stamp (round mod 256 of the last hint), `16..21` degree of the last
@@ -114,13 +115,20 @@ pub struct Tables {
     logq: [u8; 256],
     /// Levels per round of decay.
     pub q: u32,
-    read_weight: u32,
-    write_weight: u32,
-    count_cap: u32,
+    /// Degree of a hint by count and write bit, per count meaning (`CountMeaning as usize`).
+    degrees: [[[u8; 2]; 256]; 2],
+    /// The score a frame hinted every round with a degree settles at (about degree / (1 -
+    /// decay), with the score arithmetic's rounding).
+    steady: [u8; DEGREE_MASK as usize + 1],
     /// Relative level a frame needs to be hot (the level of `min_hot_score`).
     pub min_hot_level: u8,
-    /// Relative level a frame needs to count in the pool's hot-set size (`hot_set_min_score`).
-    pub hot_set_level: u8,
+    /// Relative level a frame needs to count in the pool's hot-set size, per count meaning:
+    /// `hot_set_min_score` for rounds seen, the steady score of a frame read at
+    /// `hot_set_min_rate_hz` for rate levels.
+    pub hot_set_level: [u8; 2],
+    /// The rate level of `hot_set_min_rate_hz`: a rate-level hint at least this counts its frames
+    /// in the pool's hot set.
+    pub hot_rate_level: u8,
     /// Levels by which a frame must exceed another to displace it.
     pub hysteresis_levels: u8,
 }
@@ -171,22 +179,51 @@ impl Tables {
         }
         let min_hot = p.min_hot_score.clamp(1, 255) as usize;
         let hyst = (q as f64 * p.hysteresis.max(1.0).ln() / (1.0 / p.decay).ln()).ceil();
+        let mut degrees = [[[0u8; 2]; 256]; 2];
+        for meaning in [CountMeaning::RoundsSeen, CountMeaning::RateLevel] {
+            for count in 0..=255u8 {
+                for write in [false, true] {
+                    degrees[meaning as usize][count as usize][write as usize] =
+                        degree(p, meaning, count, write) as u8;
+                }
+            }
+        }
+        // Where a frame hinted every round at the hot rate settles, with the score arithmetic's
+        // rounding (about degree / (1 - decay)).
+        let hot_rate_degree = degree(
+            p,
+            CountMeaning::RateLevel,
+            level_of_rate(p.hot_set_min_rate_hz),
+            false,
+        );
+        let mut steady = [0u8; DEGREE_MASK as usize + 1];
+        for (d, st) in steady.iter_mut().enumerate() {
+            let mut x = 0usize;
+            for _ in 0..256 {
+                x = (((x * decay[1] as usize) >> 8) + d).min(255);
+            }
+            *st = x as u8;
+        }
+        let hot_rate_score = steady[hot_rate_degree as usize] as usize;
         Tables {
             decay,
             logq,
             q,
-            read_weight: p.read_weight,
-            write_weight: p.write_weight,
-            count_cap: p.count_cap,
+            degrees,
+            steady,
+            hot_rate_level: level_of_rate(p.hot_set_min_rate_hz),
             min_hot_level: logq[min_hot],
-            hot_set_level: logq[p.hot_set_min_score.clamp(1, 255) as usize],
+            hot_set_level: [
+                logq[p.hot_set_min_score.clamp(1, 255) as usize],
+                logq[hot_rate_score.clamp(1, 255)],
+            ],
             hysteresis_levels: hyst.clamp(0.0, MAX_LEVEL as f64) as u8,
         }
     }
 
-    fn degree(&self, count: u8, write: bool) -> u32 {
-        let reads = (count as u32).clamp(1, self.count_cap);
-        (self.read_weight * reads + if write { self.write_weight } else { 0 }).min(DEGREE_MASK)
+    #[inline(always)]
+    fn degree(&self, meaning: CountMeaning, count: u8, write: bool) -> u32 {
+        self.degrees[meaning as usize][count as usize][write as usize] as u32
     }
 
     #[inline(always)]
@@ -239,13 +276,31 @@ impl Tables {
 
     /// Apply one hint to a frame at `round`. Duplicates in the same round merge: the larger
     /// degree wins, the page type is the first known one.
+    ///
+    /// Rounds seen (v1.0) are single observations: the score accumulates them with the decay.
+    /// A rate level (v1.1) is already the guest's average over many windows: the score becomes
+    /// the steady score of its degree, so a changed rate is ranked as such in the next round
+    /// rather than averaged in again over several.
     #[inline(always)]
-    pub fn hint(&self, s: &mut FrameState, round: u8, count: u8, write: bool, t: PageType) {
-        let deg = self.degree(count, write);
+    pub fn hint(
+        &self,
+        s: &mut FrameState,
+        round: u8,
+        meaning: CountMeaning,
+        count: u8,
+        write: bool,
+        t: PageType,
+    ) {
+        let deg = self.degree(meaning, count, write);
+        let rate = meaning == CountMeaning::RateLevel;
         if s.seen() && s.stamp() == round {
             let last = s.last_degree();
             if deg > last {
-                let score = (s.score() as u32 + (deg - last)).min(255);
+                let score = if rate {
+                    self.steady[deg as usize] as u32
+                } else {
+                    (s.score() as u32 + (deg - last)).min(255)
+                };
                 s.0 = (s.0 & !(SCORE_MASK | (DEGREE_MASK << DEGREE_SHIFT)))
                     | score
                     | (deg << DEGREE_SHIFT);
@@ -258,8 +313,11 @@ impl Tables {
             }
             return;
         }
-        let base = self.eff_score(*s, round) as u32;
-        let score = (base + deg).min(255);
+        let score = if rate {
+            self.steady[deg as usize] as u32
+        } else {
+            (self.eff_score(*s, round) as u32 + deg).min(255)
+        };
         let keep = s.0 & ((NODE_MASK << NODE_SHIFT) | HUGE_BIT | (3 << TYPE_SHIFT));
         let mut n = FrameState(
             keep | score | ((round as u32) << STAMP_SHIFT) | (deg << DEGREE_SHIFT) | SEEN_BIT,
@@ -287,6 +345,22 @@ impl Tables {
     }
 }
 
+/// Reads a rate-level hint counts for at most: the 256 levels (16 octaves) map onto this many
+/// degrees, about 0.6 octave each, leaving room for the write weight under the 5-bit degree.
+pub const RATE_READS_MAX: u32 = 28;
+
+/// HMM-V's page degree of one hint, `read_weight * reads + write_weight * write` clipped to 31,
+/// where `reads` is the guest's count clipped to `count_cap` (rounds seen; a hinted frame was read
+/// at least once), or the rate level mapped linearly onto 1..=`RATE_READS_MAX` (so degrees
+/// order like rates: log scale, about 1.5x per degree).
+fn degree(p: &EngineParams, meaning: CountMeaning, count: u8, write: bool) -> u32 {
+    let reads = match meaning {
+        CountMeaning::RoundsSeen => (count as u32).clamp(1, p.count_cap),
+        CountMeaning::RateLevel => 1 + (count as u32 * (RATE_READS_MAX - 1) + 127) / 255,
+    };
+    (p.read_weight * reads + if write { p.write_weight } else { 0 }).min(DEGREE_MASK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,9 +372,101 @@ mod tests {
     #[test]
     fn degree_is_hmmv_page_degree_clipped() {
         let t = t();
-        assert_eq!(t.degree(0, false), 1); // a hinted frame was accessed at least once
-        assert_eq!(t.degree(5, true), 5 + 3);
-        assert_eq!(t.degree(200, true), 8 + 3);
+        let r = CountMeaning::RoundsSeen;
+        assert_eq!(t.degree(r, 0, false), 1); // a hinted frame was accessed at least once
+        assert_eq!(t.degree(r, 5, true), 5 + 3);
+        assert_eq!(t.degree(r, 200, true), 8 + 3);
+    }
+
+    #[test]
+    fn rate_levels_map_monotonically_onto_all_read_degrees() {
+        let t = t();
+        let r = CountMeaning::RateLevel;
+        assert_eq!(t.degree(r, 0, false), 1);
+        assert_eq!(t.degree(r, 255, false), RATE_READS_MAX);
+        assert_eq!(t.degree(r, 255, true), RATE_READS_MAX + 3);
+        for c in 1..=255u8 {
+            assert!(t.degree(r, c, false) >= t.degree(r, c - 1, false));
+        }
+        // 1 Hz (level 96) lands mid-scale.
+        assert_eq!(t.degree(r, 96, false), 11);
+    }
+
+    #[test]
+    fn a_rate_level_sets_the_score_instead_of_accumulating() {
+        let t = t();
+        let mut s = FrameState::NEW;
+        for r in 0..10u8 {
+            t.hint(
+                &mut s,
+                r,
+                CountMeaning::RateLevel,
+                255,
+                false,
+                PageType::Anon,
+            );
+        }
+        let hot = s.score();
+        assert_eq!(hot, t.steady[RATE_READS_MAX as usize]);
+        // The rate fell: the next round ranks the frame at its new rate at once.
+        t.hint(
+            &mut s,
+            10,
+            CountMeaning::RateLevel,
+            96,
+            false,
+            PageType::Anon,
+        );
+        assert_eq!(s.score(), t.steady[11]);
+        // Duplicates in a round: the larger wins.
+        t.hint(
+            &mut s,
+            10,
+            CountMeaning::RateLevel,
+            200,
+            false,
+            PageType::Anon,
+        );
+        t.hint(
+            &mut s,
+            10,
+            CountMeaning::RateLevel,
+            50,
+            false,
+            PageType::Anon,
+        );
+        assert_eq!(
+            s.score(),
+            t.steady[t.degree(CountMeaning::RateLevel, 200, false) as usize]
+        );
+    }
+
+    #[test]
+    fn hot_set_level_by_rate_is_the_steady_level_of_the_hot_rate() {
+        let t = t();
+        let mut at = FrameState::NEW;
+        let mut below = FrameState::NEW;
+        for r in 0..40u8 {
+            t.hint(
+                &mut at,
+                r,
+                CountMeaning::RateLevel,
+                96,
+                false,
+                PageType::Anon,
+            );
+            t.hint(
+                &mut below,
+                r,
+                CountMeaning::RateLevel,
+                60,
+                false,
+                PageType::Anon,
+            );
+        }
+        let hot = t.hot_set_level[CountMeaning::RateLevel as usize] as u16;
+        assert!(t.level(at, 39).unwrap() >= hot);
+        assert!(t.level(below, 39).unwrap() < hot);
     }
 
     #[test]
@@ -309,7 +475,7 @@ mod tests {
         assert_eq!(s.node(), None);
         s.set_node(Some(NodeId(5)));
         s.set_huge_head(true);
-        t().hint(&mut s, 7, 3, true, PageType::File);
+        t().hint(&mut s, 7, CountMeaning::RoundsSeen, 3, true, PageType::File);
         assert_eq!(s.node(), Some(NodeId(5)));
         assert!(s.huge_head() && s.seen() && s.write());
         assert_eq!(s.page_type(), PageType::File);
@@ -325,7 +491,14 @@ mod tests {
         let t = t();
         let mut s = FrameState::NEW;
         for r in 0..50u8 {
-            t.hint(&mut s, r, 8, false, PageType::Anon);
+            t.hint(
+                &mut s,
+                r,
+                CountMeaning::RoundsSeen,
+                8,
+                false,
+                PageType::Anon,
+            );
         }
         // 8 / (1 - 0.75) = 32, with rounding down along the way.
         assert!((28..=32).contains(&s.score()), "{}", s.score());
@@ -335,9 +508,30 @@ mod tests {
     fn duplicates_in_a_round_merge_not_add() {
         let t = t();
         let mut a = FrameState::NEW;
-        t.hint(&mut a, 1, 4, false, PageType::Unknown);
-        t.hint(&mut a, 1, 2, false, PageType::Anon);
-        t.hint(&mut a, 1, 6, false, PageType::File);
+        t.hint(
+            &mut a,
+            1,
+            CountMeaning::RoundsSeen,
+            4,
+            false,
+            PageType::Unknown,
+        );
+        t.hint(
+            &mut a,
+            1,
+            CountMeaning::RoundsSeen,
+            2,
+            false,
+            PageType::Anon,
+        );
+        t.hint(
+            &mut a,
+            1,
+            CountMeaning::RoundsSeen,
+            6,
+            false,
+            PageType::File,
+        );
         assert_eq!(a.score(), 6);
         assert_eq!(a.page_type(), PageType::Anon);
     }
@@ -347,15 +541,43 @@ mod tests {
         let t = t();
         let mut hot = FrameState::NEW;
         let mut warm = FrameState::NEW;
-        t.hint(&mut hot, 10, 8, false, PageType::Anon);
-        t.hint(&mut warm, 10, 2, false, PageType::Anon);
+        t.hint(
+            &mut hot,
+            10,
+            CountMeaning::RoundsSeen,
+            8,
+            false,
+            PageType::Anon,
+        );
+        t.hint(
+            &mut warm,
+            10,
+            CountMeaning::RoundsSeen,
+            2,
+            false,
+            PageType::Anon,
+        );
         assert!(t.key(hot, 10) > t.key(warm, 10));
         let mut file = FrameState::NEW;
-        t.hint(&mut file, 10, 2, false, PageType::File);
+        t.hint(
+            &mut file,
+            10,
+            CountMeaning::RoundsSeen,
+            2,
+            false,
+            PageType::File,
+        );
         assert!(t.key(file, 10) < t.key(warm, 10));
         // Decay: a hot frame not hinted for a while falls below a fresh warm one.
         let mut fresh = FrameState::NEW;
-        t.hint(&mut fresh, 16, 2, false, PageType::Anon);
+        t.hint(
+            &mut fresh,
+            16,
+            CountMeaning::RoundsSeen,
+            2,
+            false,
+            PageType::Anon,
+        );
         assert!(t.key(hot, 16) < t.key(fresh, 16));
         assert_eq!(t.key(FrameState::NEW, 3), 1);
         assert_eq!(t.level(hot, 10 + 40), None);
@@ -371,7 +593,14 @@ mod tests {
             let mut s = FrameState::NEW;
             for r in 0..=round {
                 if r % 2 == 0 || r == round {
-                    t.hint(&mut s, r, count, false, PageType::Anon);
+                    t.hint(
+                        &mut s,
+                        r,
+                        CountMeaning::RoundsSeen,
+                        count,
+                        false,
+                        PageType::Anon,
+                    );
                 }
             }
             frames.push(s);
@@ -395,7 +624,7 @@ mod tests {
     fn absolute_levels_do_not_move_with_time() {
         let t = t();
         let mut s = FrameState::NEW;
-        t.hint(&mut s, 5, 8, true, PageType::Anon);
+        t.hint(&mut s, 5, CountMeaning::RoundsSeen, 8, true, PageType::Anon);
         let slot = t.ring_slot(s, 5).unwrap();
         assert_eq!(t.ring_slot_fresh(s, 5), slot);
         for now in 5..40u64 {
@@ -410,7 +639,14 @@ mod tests {
     fn stamps_do_not_wrap_into_youth() {
         let t = t();
         let mut s = FrameState::NEW;
-        t.hint(&mut s, 0, 8, false, PageType::Anon);
+        t.hint(
+            &mut s,
+            0,
+            CountMeaning::RoundsSeen,
+            8,
+            false,
+            PageType::Anon,
+        );
         assert!(!t.maintain(&mut s, 100));
         let mut far = s;
         assert!(t.maintain(&mut far, FORGET_AGE));

@@ -22,6 +22,10 @@ pub struct EngineParams {
     /// (`VtismPolicy::hot_set_bytes`): HMM-V counts pages whose degree is above its base of 3; a
     /// frame with degree 4 every round settles at 4 / (1 - decay) = 16 at the default decay.
     pub hot_set_min_score: u32,
+    /// For guests whose counts are access rates (channel v1.1): the rate, in accesses per second,
+    /// a frame needs to count in the hot-set size. HMM-V's hot pages have a degree above 3 over 8
+    /// windows of 600 ms: read in at least 4 of 8 such windows, about once a second.
+    pub hot_set_min_rate_hz: f64,
     /// A slow frame displaces a fast one only when its decayed score is at least this many times
     /// higher (AutoTiering OPM's "less accessed than the faulting page", with a margin against
     /// noise).
@@ -44,6 +48,7 @@ impl Default for EngineParams {
             decay: 0.75,
             min_hot_score: 2,
             hot_set_min_score: 16,
+            hot_set_min_rate_hz: 1.0,
             hysteresis: 1.07,
             reserve_fraction: 0.02,
             reserve_min_bytes: 2 << 20,
@@ -91,6 +96,12 @@ impl EngineParams {
         }
         if self.hot_set_min_score > 255 {
             return err("hot_set_min_score", "must be at most 255");
+        }
+        if !(self.hot_set_min_rate_hz >= 1.0 / 64.0 && self.hot_set_min_rate_hz <= 1000.0) {
+            return err(
+                "hot_set_min_rate_hz",
+                "must be between 1/64 and 1000 (accesses per second)",
+            );
         }
         if !(1.0..=100.0).contains(&self.hysteresis) {
             return err(

@@ -5,7 +5,7 @@ use crate::plan::Plan;
 use crate::types::{Nanos, NodeId, VmId};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use vtism_proto::{Gfn, HintEntry, PageType, RamMap};
+use vtism_proto::{CountMeaning, Gfn, HintEntry, PageType, RamMap};
 
 /// A VM as a policy sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +36,8 @@ pub enum Observation<'a> {
     Hints {
         entries: &'a [HintEntry],
         overflow: bool,
+        /// What the entries' `count` means (the writer's channel minor version).
+        counts: CountMeaning,
     },
     /// Access counts observed on the host side.
     Accesses(&'a [FrameAccess]),

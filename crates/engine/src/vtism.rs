@@ -6,7 +6,7 @@ use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
 use crate::topology::Topology;
 use crate::types::{Nanos, NodeId, VmId};
-use vtism_proto::{Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES};
+use vtism_proto::{CountMeaning, Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES};
 
 /// Every frame is visited for maintenance once in this many hint rounds (a slice each round), so
 /// stamps never wrap.
@@ -36,6 +36,12 @@ struct VmState {
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
+    /// What the counts of the last round meant.
+    counts: CountMeaning,
+    /// Frames the last rate-level round said were read at least `hot_set_min_rate_hz`, and its
+    /// frames per rate level.
+    hot_rate_frames: u64,
+    rate_frames: Box<[u64; 256]>,
     /// Next frame the rolling maintenance visits.
     maint_cursor: usize,
     /// Frames (with a known node) per absolute level slot, `RING` is cold; per class
@@ -146,6 +152,7 @@ impl VmState {
         t.hint(
             &mut after,
             self.round as u8,
+            self.counts,
             e.count(),
             e.write(),
             e.page_type(),
@@ -237,6 +244,8 @@ pub struct VmSummary {
     pub slow_frames: u64,
     pub unknown_frames: u64,
     pub rounds: u64,
+    /// What the counts of the last round meant.
+    pub counts: CountMeaning,
     pub last_observed: Option<Nanos>,
     pub last_plan: VmPlanStats,
 }
@@ -327,6 +336,7 @@ impl VtismPolicy {
             slow_frames: slow,
             unknown_frames: v.frames.len() as u64 - fast - slow,
             rounds: v.round,
+            counts: v.counts,
             last_observed: v.last_observed,
             last_plan: v.last_stats.clone(),
         })
@@ -372,8 +382,14 @@ impl VtismPolicy {
     /// whose frames are all hot (GUPS) outside the quota. O(levels), from the level histogram.
     pub fn hot_set_bytes(&self, vm: VmId) -> Result<u64, EngineError> {
         let v = &self.vms[self.vm_pos(vm)?];
+        // Rates are already averages over many windows: the last round's count of frames at the
+        // hot rate is the estimate, whatever was written (the write weight orders, it does not
+        // make a frame hot).
+        if v.counts == CountMeaning::RateLevel {
+            return Ok(v.hot_rate_frames.min(v.frames.len() as u64) * FRAME_SIZE);
+        }
         let base = (self.tables.q as u64 * v.round % RING as u64) as usize;
-        let min_level = self.tables.hot_set_level as usize;
+        let min_level = self.tables.hot_set_level[v.counts as usize] as usize;
         let hot: u64 = v
             .hist
             .iter()
@@ -383,6 +399,52 @@ impl VtismPolicy {
             .map(|(_, slot)| slot.iter().sum::<u64>())
             .sum();
         Ok(hot * FRAME_SIZE)
+    }
+
+    /// What each VM should ask of a fast-memory pool of `fast_bytes` (`FastPool::rebalance`):
+    /// for VMs whose guests report access rates, the frames at or above one rate level common to
+    /// all of them, the highest at which those frames fill the pool (so fast memory goes where a
+    /// frame is read most often, whichever VM it belongs to), and never below
+    /// `hot_set_min_rate_hz`; for VMs whose guests report rounds seen, `hot_set_bytes`. VMs with
+    /// no round yet are left out (the pool keeps their quota).
+    pub fn pool_demands(&self, vms: &[VmId], fast_bytes: u64) -> Vec<(VmId, u64)> {
+        let known: Vec<&VmState> = vms
+            .iter()
+            .filter_map(|&vm| self.vm_pos(vm).ok().map(|p| &self.vms[p]))
+            .filter(|v| v.round > 0)
+            .collect();
+        let by_rate = |v: &VmState| v.counts == CountMeaning::RateLevel;
+        let fixed: u64 = known
+            .iter()
+            .filter(|v| !by_rate(v))
+            .filter_map(|v| self.hot_set_bytes(v.spec.id).ok())
+            .sum();
+        let mut room = fast_bytes.saturating_sub(fixed) / FRAME_SIZE;
+        let mut level = 0usize;
+        for l in (0..256).rev() {
+            let at: u64 = known
+                .iter()
+                .filter(|v| by_rate(v))
+                .map(|v| v.rate_frames[l])
+                .sum();
+            if at > room {
+                level = l + 1;
+                break;
+            }
+            room -= at;
+        }
+        let level = level.max(self.tables.hot_rate_level as usize);
+        known
+            .iter()
+            .map(|v| {
+                let bytes = if by_rate(v) {
+                    v.rate_frames[level.min(256)..].iter().sum::<u64>() * FRAME_SIZE
+                } else {
+                    self.hot_set_bytes(v.spec.id).unwrap_or(0)
+                };
+                (v.spec.id, bytes)
+            })
+            .collect()
     }
 
     /// Heap bytes the policy holds (per-frame state and scratch).
@@ -404,10 +466,16 @@ impl VtismPolicy {
     fn ingest_entries(
         tables: &Tables,
         v: &mut VmState,
+        counts: CountMeaning,
         entries: impl Iterator<Item = HintEntry> + Clone,
     ) -> IngestStats {
         let mut st = IngestStats::default();
         v.round += 1;
+        v.counts = counts;
+        v.hot_rate_frames = 0;
+        if counts == CountMeaning::RateLevel {
+            v.rate_frames.fill(0);
+        }
         v.expire(tables);
         v.maintain_slice(tables);
         let r = v.round as u8;
@@ -418,6 +486,12 @@ impl VtismPolicy {
                 v.prefetch(f.gfn().0, last);
             }
             st.entries += 1;
+            if counts == CountMeaning::RateLevel {
+                v.rate_frames[e.count() as usize] += e.frames();
+                if e.count() >= tables.hot_rate_level {
+                    v.hot_rate_frames += e.frames();
+                }
+            }
             let gfn = e.gfn().0;
             let Some((k, idx)) = v.locate(gfn, &mut last) else {
                 st.ignored += 1;
@@ -850,7 +924,8 @@ impl VtismPolicy {
                 }
             }
         }
-        v.dirty = false;
+        // Work the budget cut short continues in the next plan, without waiting for new hints.
+        v.dirty = stats.deferred_by_budget > 0 || *budget == 0;
         v.last_stats = stats.clone();
         stats
     }
@@ -975,6 +1050,9 @@ impl Policy for VtismPolicy {
             frames: vec![FrameState::NEW; frames as usize],
             spec,
             round: 0,
+            counts: CountMeaning::RoundsSeen,
+            hot_rate_frames: 0,
+            rate_frames: Box::new([0; 256]),
             maint_cursor: 0,
             hist: vec![[0; 4]; RING + 1],
             is_fast: self.is_fast,
@@ -1014,12 +1092,13 @@ impl Policy for VtismPolicy {
         let v = &mut self.vms[p];
         v.last_observed = Some(now);
         Ok(match obs {
-            Observation::Hints { entries, .. } => {
-                Self::ingest_entries(tables, v, entries.iter().copied())
-            }
+            Observation::Hints {
+                entries, counts, ..
+            } => Self::ingest_entries(tables, v, counts, entries.iter().copied()),
             Observation::Accesses(acc) => Self::ingest_entries(
                 tables,
                 v,
+                CountMeaning::RoundsSeen,
                 acc.iter().filter(|a| a.reads + a.writes > 0).map(|a| {
                     HintEntry::new(
                         a.gfn,

@@ -104,6 +104,7 @@ impl World {
                 Observation::Hints {
                     entries: hints,
                     overflow: false,
+                    counts: vtism_proto::CountMeaning::RoundsSeen,
                 },
                 self.now,
             )

@@ -168,6 +168,7 @@ fn huge_unit_across_adjacent_ranges_is_one_unit_moved_per_region() {
             Observation::Hints {
                 entries: &hints,
                 overflow: false,
+                counts: vtism_proto::CountMeaning::RoundsSeen,
             },
             Nanos(1),
         )
@@ -193,6 +194,7 @@ fn hints_outside_the_vm_are_ignored_and_counted() {
             Observation::Hints {
                 entries: &hints,
                 overflow: false,
+                counts: vtism_proto::CountMeaning::RoundsSeen,
             },
             Nanos(1),
         )

@@ -506,12 +506,15 @@ impl Daemon {
     /// promotions the grown quota of another VM allows.
     fn rebalance_pool(&mut self) {
         let now = self.now();
-        let mut demand = Vec::with_capacity(self.vms.len());
-        for v in self.vms.values().filter(|v| v.hinted) {
-            if let Ok(h) = self.engine.hot_set_bytes(v.id) {
-                demand.push((v.id, h));
-            }
-        }
+        let hinted: Vec<VmId> = self
+            .vms
+            .values()
+            .filter(|v| v.hinted)
+            .map(|v| v.id)
+            .collect();
+        let demand = self
+            .engine
+            .pool_demands(&hinted, self.pool.params().fast_bytes);
         for c in self.pool.rebalance(&demand, now) {
             self.apply_quota_change(c);
         }
@@ -988,6 +991,9 @@ impl Daemon {
                                 Observation::Hints {
                                     entries: &round.entries,
                                     overflow: round.overflow(),
+                                    counts: vtism_proto::CountMeaning::for_minor(
+                                        round.version_minor,
+                                    ),
                                 },
                                 now,
                             ) {

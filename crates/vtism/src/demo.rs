@@ -214,6 +214,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                     Observation::Hints {
                         entries: &r.entries,
                         overflow: r.overflow(),
+                        counts: vtism_proto::CountMeaning::for_minor(r.version_minor),
                     },
                     now,
                 )?;

@@ -98,6 +98,7 @@ impl World {
                 Observation::Hints {
                     entries: hints,
                     overflow: false,
+                    counts: vtism_proto::CountMeaning::RoundsSeen,
                 },
                 self.now,
             )
