@@ -61,14 +61,6 @@ pub struct Common {
     /// Timeline resolution, seconds (CSV, plots, time to 90%).
     #[arg(long, default_value_t = 1.0)]
     pub sample_s: f64,
-    /// vtism's guest scan interval: `adaptive` (the design) or a fixed interval in ms (a
-    /// diagnostic: what the engine does with finer-grained hints).
-    #[arg(long, default_value = "adaptive")]
-    pub guest_interval: String,
-    /// vtism's guest observation window in ms: Accessed bits cleared this long before each scan
-    /// (a proposed tracker, not the module's; costs a second pass per round). Default: none.
-    #[arg(long)]
-    pub guest_window: Option<f64>,
     /// Random seed: same seed, same results.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -180,24 +172,6 @@ pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
         anyhow::bail!("--sample-s: must be at least one epoch");
     }
     cfg.sample_s = c.sample_s;
-    cfg.guest_interval_ms = match c.guest_interval.as_str() {
-        "adaptive" => None,
-        s => Some(
-            s.trim_end_matches("ms")
-                .parse::<f64>()
-                .ok()
-                .filter(|v| *v >= 10.0 && v.is_finite())
-                .ok_or_else(|| {
-                    anyhow::anyhow!("--guest-interval: `adaptive` or milliseconds >= 10, got {s:?}")
-                })?,
-        ),
-    };
-    if let Some(w) = c.guest_window {
-        if !(w >= 10.0 && w.is_finite()) {
-            anyhow::bail!("--guest-window: milliseconds >= 10, got {w}");
-        }
-    }
-    cfg.guest_window_ms = c.guest_window;
     if !(c.scale > 0.0 && c.scale.is_finite()) {
         anyhow::bail!("--scale: must be a positive number");
     }
@@ -278,11 +252,15 @@ pub fn run_one(
             std::io::BufWriter::new(f),
             &wls[0].name,
             setup.specs[0].ram.frames(),
+            vtism_proto::CountMeaning::RateLevel,
         )?;
-        let scanner = crate::mechanism::GuestScanner::new(setup.units[0]);
-        let mut scanner = Box::new(scanner);
-        scanner.trace = Some(w);
-        pr.trackers[0] = scanner;
+        let mut tracker = crate::window_tracker::WindowTracker::new(
+            setup.units[0],
+            cfg.unit_bytes,
+            crate::window_tracker::WindowParams::default(),
+        );
+        tracker.trace = Some(w);
+        pr.trackers[0] = Box::new(tracker);
     }
     let mut cb = |f: f64| {
         if let Some(pb) = pb {

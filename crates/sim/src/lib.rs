@@ -17,4 +17,5 @@ pub mod report;
 pub mod sim;
 pub mod svg;
 pub mod trace;
+pub mod window_tracker;
 pub mod workload;

@@ -10,7 +10,6 @@
 //! per 2 MiB page.
 
 use crate::model::MemoryModel;
-use crate::trace::TraceWriter;
 use crate::workload::{Profile, VmWorkload};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,7 +57,7 @@ impl LazyCounts {
 }
 use vtism_engine::synth::Rng;
 use vtism_engine::{FrameAccess, Nanos, Observation, Policy, VmId};
-use vtism_proto::{Gfn, HintEntry, PageType, FRAME_SIZE, HUGE_FRAMES};
+use vtism_proto::{Gfn, PageType, FRAME_SIZE};
 
 /// What a tracker may look at in one epoch of one VM.
 pub struct EpochView<'a> {
@@ -71,6 +70,8 @@ pub struct EpochView<'a> {
     pub t1: f64,
     pub unit_bytes: u64,
     pub model: &'a MemoryModel,
+    /// The VM's fast-memory quota now (what the guest learns from the host's feedback).
+    pub quota_bytes: u64,
 }
 
 impl EpochView<'_> {
@@ -112,155 +113,6 @@ fn nanos(t: f64) -> Nanos {
 /// Fraction of a unit's 4 KiB frames touched by `acc` accesses spread evenly over them.
 fn touched(acc: f64, fpu: u64) -> f64 {
     1.0 - (-acc / fpu as f64).exp()
-}
-
-/// vtism's guest tracker (seed 002): an A-bit scan of the guest page tables every interval, the
-/// interval adapted from the scan time `Ts` as `T = (K*Ts + Kb)*Ts + Tbase` (K=8, Kb=50,
-/// Tbase=2500 ms), `Ts` = 4.4 ms per GiB of accessed memory, capped at `interval_max_ms` (5 min, the
-/// guest module's default `interval_max_ms`). Each round publishes every frame seen in the history
-/// window (8 rounds) with the number of rounds it was seen in.
-pub struct GuestScanner {
-    next_scan: f64,
-    counts: LazyCounts,
-    /// Per unit, the touched fraction of the last `HISTORY` rounds, 0..=255 each.
-    hist: Vec<[u8; HISTORY]>,
-    head: usize,
-    pub k: f64,
-    pub kb: f64,
-    pub tbase_ms: f64,
-    /// Cap on the interval, ms; 0 = none.
-    pub interval_max_ms: f64,
-    /// Observation window, ms (a proposed tracker, not the module's): Accessed bits are cleared
-    /// this long before each scan instead of at the previous scan, so a round says "touched in
-    /// the last window" however long the interval; costs a second (clearing) pass per round.
-    pub window_ms: Option<f64>,
-    pub rounds: u64,
-    pub last_interval_ms: f64,
-    pub trace: Option<TraceWriter<std::io::BufWriter<std::fs::File>>>,
-    entries: Vec<HintEntry>,
-}
-
-const HISTORY: usize = 8;
-
-impl GuestScanner {
-    pub fn new(units: usize) -> Self {
-        GuestScanner {
-            next_scan: 2.5,
-            counts: LazyCounts::new(units),
-            hist: vec![[0; HISTORY]; units],
-            head: 0,
-            k: 8.0,
-            kb: 50.0,
-            tbase_ms: 2500.0,
-            interval_max_ms: 300_000.0,
-            window_ms: None,
-            rounds: 0,
-            last_interval_ms: 2500.0,
-            trace: None,
-            entries: Vec::new(),
-        }
-    }
-}
-
-impl GuestScanner {
-    /// A fixed scan interval instead of the adaptive one (a diagnostic, not the design).
-    pub fn set_fixed_interval(&mut self, ms: f64) {
-        self.k = 0.0;
-        self.kb = 0.0;
-        self.tbase_ms = ms;
-        self.next_scan = ms / 1000.0;
-    }
-}
-
-impl Tracker for GuestScanner {
-    fn epoch(&mut self, v: &EpochView<'_>, policy: &mut dyn Policy) -> anyhow::Result<TrackCost> {
-        // With a window, bits cleared at the window's start see only the accesses after it.
-        let window_open = self
-            .window_ms
-            .is_none_or(|w| v.t1 > self.next_scan - w / 1000.0 + 1e-9);
-        if window_open {
-            self.counts.add(v.profile, v.accesses);
-        }
-        if v.t1 < self.next_scan - 1e-9 {
-            return Ok(TrackCost::default());
-        }
-        self.counts.flush();
-        let fpu = v.fpu();
-        let mut touched_frames = 0.0;
-        let mut writes_seen = vec![false; self.hist.len()];
-        for (i, ws) in writes_seen.iter_mut().enumerate() {
-            let a = touched(self.counts.acc[i] as f64, fpu);
-            touched_frames += a * fpu as f64;
-            self.hist[i][self.head] = (a * 255.0).round() as u8;
-            *ws = touched(self.counts.wacc[i] as f64, fpu) >= 0.5;
-        }
-        self.counts.clear();
-        let latest = self.head;
-        self.head = (self.head + 1) % HISTORY;
-        self.rounds += 1;
-        // Publish: count = rounds in the window the frames were seen in (mean over the unit).
-        self.entries.clear();
-        let mut by_count: Vec<(u32, usize)> = Vec::new();
-        for (i, h) in self.hist.iter().enumerate() {
-            let s: u32 = h.iter().map(|&x| x as u32).sum();
-            let count = ((s as f64) / 255.0).round() as u32;
-            if count > 0 {
-                by_count.push((count, i));
-            }
-        }
-        // Hottest first, as the guest publishes.
-        by_count.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        for &(count, i) in &by_count {
-            let young = self.hist[i][latest] >= 128;
-            let t = v.profile.ptype[i];
-            if fpu == HUGE_FRAMES {
-                self.entries.push(HintEntry::new(
-                    v.gfn(i),
-                    count,
-                    writes_seen[i],
-                    t,
-                    true,
-                    young,
-                ));
-            } else {
-                for f in 0..fpu {
-                    self.entries.push(HintEntry::new(
-                        Gfn(v.gfn(i).0 + f),
-                        count,
-                        writes_seen[i],
-                        t,
-                        false,
-                        young,
-                    ));
-                }
-            }
-        }
-        if let Some(tw) = self.trace.as_mut() {
-            tw.round(v.t1, &self.entries)?;
-        }
-        policy.observe(
-            v.vm,
-            Observation::Hints {
-                entries: &self.entries,
-                overflow: false,
-            },
-            nanos(v.t1),
-        )?;
-        // Scan cost and the next interval.
-        let gib = touched_frames * FRAME_SIZE as f64 / (1u64 << 30) as f64;
-        let ts = v.model.tracking.scan_ms_per_gib * gib;
-        let mut interval = (self.k * ts + self.kb) * ts + self.tbase_ms;
-        if self.interval_max_ms > 0.0 {
-            interval = interval.min(self.interval_max_ms);
-        }
-        self.last_interval_ms = interval;
-        self.next_scan = v.t1 + interval.max(self.window_ms.unwrap_or(0.0)) / 1000.0;
-        let passes = if self.window_ms.is_some() { 2.0 } else { 1.0 };
-        let lost_ms = passes * v.model.tracking.scan_slowdown_per_ms * ts * ts;
-        Ok(TrackCost {
-            stall_ns: lost_ms * 1e6 * v.wl.concurrency,
-        })
-    }
 }
 
 /// NUMA hint faults (Linux NUMA balancing, used by TPP, AutoNUMA and AutoTiering): every scan

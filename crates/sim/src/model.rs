@@ -59,6 +59,40 @@ pub struct TrackingModel {
     pub pebs_sample_ns: f64,
     /// Slowdown while HMM-V's PML-based scanner runs (published: <= 2% at MWS >= 600 ms).
     pub pml_scan_slowdown: f64,
+    /// Reading one present page-table entry that is not young (load and bit tests, tables far
+    /// larger than the caches), ns. Measured: `cargo bench -p vtism-sim --bench tracker_costs`.
+    #[serde(default = "default_pte_read_ns")]
+    pub pte_read_ns: f64,
+    /// Clearing the Accessed bit of one young entry with an atomic and-not, ns, read included.
+    /// Measured, same bench.
+    #[serde(default = "default_pte_clear_ns")]
+    pub pte_clear_ns: f64,
+    /// What a full TLB flush costs each vCPU, µs: the L2 data TLB's entries walked again, each
+    /// a two-dimensional page walk. Measured, same bench.
+    #[serde(default = "default_tlb_refill_us")]
+    pub tlb_refill_us: f64,
+}
+
+fn default_pte_read_ns() -> f64 {
+    // tracker_costs pte_read: 0.94 ns per entry (median of 10, 64 Mi entries).
+    0.94
+}
+fn default_pte_clear_ns() -> f64 {
+    // tracker_costs pte_clear: 4.66 ns per entry.
+    4.66
+}
+fn default_tlb_refill_us() -> f64 {
+    // tracker_costs: 512 L2 DTLB entries (cpuid 0x80000006) x 120 ns per walk (4 KiB against
+    // 2 MiB pages, random loads over 256 MiB: 340 vs 220 ns per load).
+    61.4
+}
+
+impl TrackingModel {
+    /// A young entry found and cleared, with the tracker's bookkeeping for it, ns: the seed's scan
+    /// time per GiB of accessed memory spread over its 4 KiB entries.
+    pub fn young_clear_ns(&self) -> f64 {
+        self.scan_ms_per_gib * 1e6 / (1u64 << 18) as f64
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -93,6 +127,9 @@ fn default_tracking() -> TrackingModel {
         // Assumption: PEBS assist, drain and record processing per sample.
         pebs_sample_ns: 500.0,
         pml_scan_slowdown: 0.02,
+        pte_read_ns: default_pte_read_ns(),
+        pte_clear_ns: default_pte_clear_ns(),
+        tlb_refill_us: default_tlb_refill_us(),
     }
 }
 
@@ -224,6 +261,9 @@ impl MemoryModel {
             ("hint_fault_us", t.hint_fault_us),
             ("pebs_sample_ns", t.pebs_sample_ns),
             ("pml_scan_slowdown", t.pml_scan_slowdown),
+            ("pte_read_ns", t.pte_read_ns),
+            ("pte_clear_ns", t.pte_clear_ns),
+            ("tlb_refill_us", t.tlb_refill_us),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 anyhow::bail!("tracking.{f}: must be a non-negative number, got {v}");

@@ -37,11 +37,8 @@ pub struct SimConfig {
     pub sample_s: f64,
     /// Address buckets of the hotness heatmap (first VM).
     pub heat_buckets: usize,
-    /// vtism's guest scan interval, ms: `None` is the adaptive interval of the design.
-    pub guest_interval_ms: Option<f64>,
-    /// vtism's guest observation window, ms (`None`: bits cleared at each scan, as the module
-    /// does). A proposed tracker; see `GuestScanner::window_ms`.
-    pub guest_window_ms: Option<f64>,
+    /// vtism's engine parameters (the daemon's `[engine]`; defaults unless a test changes them).
+    pub engine: vtism_engine::EngineParams,
 }
 
 impl SimConfig {
@@ -55,8 +52,7 @@ impl SimConfig {
             seed: 1,
             sample_s: 1.0,
             heat_buckets: 64,
-            guest_interval_ms: None,
-            guest_window_ms: None,
+            engine: vtism_engine::EngineParams::default(),
         }
     }
     pub fn fpu(&self) -> u64 {
@@ -468,6 +464,7 @@ pub fn run(
                 t1,
                 unit_bytes: cfg.unit_bytes,
                 model: m,
+                quota_bytes: pr.policy.fast_quota(v.id).unwrap_or(0),
             };
             let c = pr.trackers[k].epoch(&view, pr.policy.as_mut())?;
             v.pending_stall += c.stall_ns;

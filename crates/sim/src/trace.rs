@@ -13,21 +13,29 @@
 //! (docs/channel.md "Entry"), as hex strings (JSON numbers lose bits past 2^53). Rounds are in time
 //! order.
 //!
+//! An optional header field `"counts"` says what `count` means: `"rounds_seen"` (channel v1.0,
+//! the default) or `"rate_level"` (v1.1, an access rate on a log scale).
+//!
 //! Replay: a round's entries say which frames the guest saw recently and how often (`count`,
 //! `write`); the replayed workload spreads its accesses over those frames in proportion to
-//! `count` (writes get half of a written frame's share) until the next round. Frames never hinted
+//! `count`, or to the rate a rate level stands for (writes get half of a written frame's share)
+//! until the next round. Frames never hinted
 //! get no accesses. This recovers where accesses went, not how many there were: the throughput
 //! model supplies the rate.
 
 use crate::workload::Profile;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
-use vtism_proto::{HintEntry, PageType, FRAME_SIZE};
+use vtism_proto::count::rate_hz;
+use vtism_proto::{CountMeaning, HintEntry, PageType, FRAME_SIZE};
 
 #[derive(Serialize, Deserialize)]
 struct Header {
     vtism_trace: u32,
     vm: VmHeader,
+    /// What the entries' `count` means; traces without it are rounds seen (channel v1.0).
+    #[serde(default)]
+    counts: CountMeaning,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -47,6 +55,7 @@ struct Round {
 pub struct TraceWorkload {
     pub name: String,
     pub frames: u64,
+    pub counts: CountMeaning,
     pub rounds: Vec<(f64, Vec<HintEntry>)>,
 }
 
@@ -92,6 +101,7 @@ impl TraceWorkload {
         Ok(TraceWorkload {
             name: h.vm.name,
             frames: h.vm.frames,
+            counts: h.counts,
             rounds,
         })
     }
@@ -119,7 +129,11 @@ impl TraceWorkload {
                 continue;
             }
             let frames = e.frames().min(self.frames - g);
-            let w = e.count().max(1) as f64 * frames as f64;
+            let per_frame = match self.counts {
+                CountMeaning::RoundsSeen => e.count().max(1) as f64,
+                CountMeaning::RateLevel => rate_hz(e.count()),
+            };
+            let w = per_frame * frames as f64;
             let u = ((g / fpu) as usize).min(units - 1);
             let (r, wr) = if e.write() { (0.5, 0.5) } else { (1.0, 0.0) };
             p.read[u] += (w * r) as f32;
@@ -139,13 +153,14 @@ pub struct TraceWriter<W: Write> {
 }
 
 impl<W: Write> TraceWriter<W> {
-    pub fn new(mut out: W, name: &str, frames: u64) -> anyhow::Result<Self> {
+    pub fn new(mut out: W, name: &str, frames: u64, counts: CountMeaning) -> anyhow::Result<Self> {
         let h = Header {
             vtism_trace: 1,
             vm: VmHeader {
                 name: name.into(),
                 frames,
             },
+            counts,
         };
         writeln!(out, "{}", serde_json::to_string(&h)?)?;
         Ok(TraceWriter { out })
@@ -171,7 +186,7 @@ mod tests {
 
     #[test]
     fn roundtrip_and_replay_follows_counts() {
-        let mut w = TraceWriter::new(Vec::new(), "t", 2048).unwrap();
+        let mut w = TraceWriter::new(Vec::new(), "t", 2048, CountMeaning::RoundsSeen).unwrap();
         let a = HintEntry::new(Gfn(0), 8, false, PageType::Anon, true, true);
         let b = HintEntry::new(Gfn(1024), 2, true, PageType::File, false, true);
         w.round(1.0, &[a, b]).unwrap();

@@ -21,7 +21,8 @@ fn topo() -> Topology {
     .unwrap()
 }
 
-/// What the simulator's guest tracker publishes for GUPS hot-set with a fixed 2.5 s scan interval:
+/// What the simulator's model of the v1.0 tracker (rounds seen, since replaced) published for GUPS
+/// hot-set with a fixed 2.5 s scan interval:
 /// 2 MiB units, every unit written, hot units seen in all 8 rounds of the window, cold units in 7
 /// of them on average (`count` 8 vs 7). The quota fits the hot set; first touch filled fast memory
 /// with cold units. Engine 5d80310 promoted the hot units; c364c30 ("time-invariant hotness
@@ -59,6 +60,7 @@ fn hot_units_with_count_8_displace_cold_units_with_count_7() {
             Observation::Hints {
                 entries: &hints,
                 overflow: false,
+                counts: vtism_proto::CountMeaning::RoundsSeen,
             },
             now,
         )

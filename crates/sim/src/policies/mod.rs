@@ -11,13 +11,10 @@ mod oracle;
 mod pooled;
 mod tpp;
 
-use crate::mechanism::{
-    GuestScanner, HintFaultScanner, NoTracker, OracleFeed, PebsSampler, PmlScanner, Tracker,
-};
+use crate::mechanism::{HintFaultScanner, NoTracker, OracleFeed, PebsSampler, PmlScanner, Tracker};
 use crate::sim::{MoveMode, PolicyRun, Setup, Static, FAST, SLOW};
 use vtism_engine::{
-    EngineError, EngineParams, FrameAccess, IngestStats, Move, MoveKind, NodeId, Phase, VmId,
-    VmSpec, VtismPolicy,
+    EngineError, FrameAccess, IngestStats, Move, MoveKind, NodeId, Phase, VmId, VmSpec, VtismPolicy,
 };
 use vtism_proto::{Gfn, PageType};
 
@@ -110,16 +107,15 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
     };
     // vtism's engine and its guest tracker, as the plain and the pooled variants run them.
     let vtism_engine = || {
-        VtismPolicy::new(setup.topology.clone(), EngineParams::default())
+        VtismPolicy::new(setup.topology.clone(), cfg.engine.clone())
             .map_err(|e| anyhow::anyhow!("{e}"))
     };
     let guest_scanner = |i: usize| -> Box<dyn Tracker> {
-        let mut g = GuestScanner::new(setup.units[i]);
-        if let Some(ms) = cfg.guest_interval_ms {
-            g.set_fixed_interval(ms);
-        }
-        g.window_ms = cfg.guest_window_ms;
-        Box::new(g)
+        Box::new(crate::window_tracker::WindowTracker::new(
+            setup.units[i],
+            cfg.unit_bytes,
+            crate::window_tracker::WindowParams::default(),
+        ))
     };
     use MoveMode::*;
     Ok(match name {

@@ -9,12 +9,13 @@ use vtism_engine::{
     EngineError, FastPool, IngestStats, Nanos, NodeId, Observation, Plan, PlanContext, Policy,
     PoolMode, PoolParams, QuotaChange, VmId, VmLimits, VmSpec, VtismPolicy,
 };
-use vtism_proto::Gfn;
+use vtism_proto::{CountMeaning, Gfn};
 
 pub struct PooledVtism {
     name: &'static str,
     engine: VtismPolicy,
     pool: FastPool,
+    fast_bytes: u64,
     vms: Vec<VmId>,
     /// Every quota change, in order (for reports and tests).
     pub changes: Vec<QuotaChange>,
@@ -37,6 +38,7 @@ impl PooledVtism {
             name,
             engine,
             pool,
+            fast_bytes,
             vms: Vec::new(),
             changes: Vec::new(),
         })
@@ -112,14 +114,20 @@ impl Policy for PooledVtism {
     }
 
     fn plan(&mut self, ctx: &PlanContext<'_>, now: Nanos) -> Plan {
-        // A VM's estimate only means something once its hint history is full.
+        // A rounds-seen estimate only means something once its history is full; a rate-level
+        // one from the first round.
         let window = self.engine.params().count_cap as u64;
-        let demand: Vec<(VmId, u64)> = self
+        let ready: Vec<VmId> = self
             .vms
             .iter()
-            .filter(|&&vm| self.engine.summary(vm).is_ok_and(|s| s.rounds >= window))
-            .filter_map(|&vm| Some((vm, self.engine.hot_set_bytes(vm).ok()?)))
+            .copied()
+            .filter(|&vm| {
+                self.engine.summary(vm).is_ok_and(|s| {
+                    s.rounds >= window || (s.rounds > 0 && s.counts == CountMeaning::RateLevel)
+                })
+            })
             .collect();
+        let demand = self.engine.pool_demands(&ready, self.fast_bytes);
         let changes = self.pool.rebalance(&demand, now);
         // The VMs are the engine's own: set_quota cannot fail for them.
         let _ = self.apply(changes);
