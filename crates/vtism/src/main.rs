@@ -1,8 +1,9 @@
 //! `vtism`: one binary, one subcommand per part of the system.
 
+mod assets;
 mod demo;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 const ABOUT: &str = "Tiered memory for virtual machines: keeps each VM's hot pages in fast memory \
@@ -39,6 +40,9 @@ enum Cmd {
     Testbed(vtism_testbed::cli::TestbedArgs),
     /// Run the tiering engine on a built-in synthetic workload and show every decision.
     Demo(demo::DemoArgs),
+    /// Write the man pages and shell completions (what `make deb` packages).
+    #[command(hide = true)]
+    PackageAssets(assets::AssetsArgs),
 }
 
 fn init_logging(filter: Option<&str>, json: bool) {
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         Cmd::Sim(c) => vtism_sim::cli::sim_main(c),
         Cmd::Testbed(a) => vtism_testbed::cli::testbed_main(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::PackageAssets(a) => assets::run(Cli::command(), a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
