@@ -16,18 +16,8 @@ DASHBOARD=$REPO/packaging/grafana-vtism-host.json
 exec 2>&1
 T0=$SECONDS
 
-pass() { echo "PASS $*" | tee -a "$OUT/results"; }
-fail() { echo "FAIL $*" | tee -a "$OUT/results"; }
-check() { # check NAME COMMAND...: PASS if the command succeeds
-	local name=$1
-	shift
-	local out
-	if out=$("$@" 2>&1); then
-		pass "$name${out:+: $(echo "$out" | tail -1)}"
-	else
-		fail "$name: $(echo "$out" | tail -4 | tr '\n' ' ')"
-	fi
-}
+# shellcheck source=tests/lib/checks.sh
+. "$REPO/tests/lib/checks.sh"
 wait_for() { # wait_for SECONDS COMMAND...: poll until the command succeeds
 	local end=$((SECONDS + $1))
 	shift
