@@ -1,11 +1,13 @@
-//! `vtism package-assets` (hidden): the man pages and shell completions the Debian package ships,
+//! `vtism package-assets`: the man pages and shell completions the Debian package ships,
 //! generated from the clap definitions this binary parses, so they cannot drift from `--help`.
 
-use clap::Args;
+use clap::Parser;
 use clap_complete::Shell;
 use std::path::PathBuf;
 
-#[derive(Args, Debug)]
+/// Write vtism's man pages and shell completions (what `make deb` packages).
+#[derive(Parser, Debug)]
+#[command(name = "vtism package-assets")]
 pub struct AssetsArgs {
     /// Directory that gets man/ (vtism.1 and one page per subcommand) and completions/ (bash,
     /// zsh, fish).

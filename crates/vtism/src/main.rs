@@ -40,9 +40,6 @@ enum Cmd {
     Testbed(vtism_testbed::cli::TestbedArgs),
     /// Run the tiering engine on a built-in synthetic workload and show every decision.
     Demo(demo::DemoArgs),
-    /// Write the man pages and shell completions (what `make deb` packages).
-    #[command(hide = true)]
-    PackageAssets(assets::AssetsArgs),
 }
 
 fn init_logging(filter: Option<&str>, json: bool) {
@@ -62,6 +59,23 @@ fn init_logging(filter: Option<&str>, json: bool) {
 }
 
 fn main() -> ExitCode {
+    // `vtism package-assets` (for `make deb`) is kept out of the CLI it documents, so that it does
+    // not appear in the man pages and completions it writes.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "package-assets")
+    {
+        let argv =
+            std::iter::once("vtism package-assets".into()).chain(std::env::args_os().skip(2));
+        let args = assets::AssetsArgs::parse_from(argv);
+        return match assets::run(Cli::command(), args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("vtism package-assets: error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = Cli::parse();
     // vtismd sets up its own logging from its configuration (daemon.log_level, log_format) unless
     // the command line says otherwise; a subscriber installed here first would win.
@@ -76,7 +90,6 @@ fn main() -> ExitCode {
         Cmd::Sim(c) => vtism_sim::cli::sim_main(c),
         Cmd::Testbed(a) => vtism_testbed::cli::testbed_main(a),
         Cmd::Demo(a) => demo::run(a),
-        Cmd::PackageAssets(a) => assets::run(Cli::command(), a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
