@@ -121,16 +121,11 @@ echo "== libvirt marks web1: ${taints:-nothing}"
 	fail "libvirt: web1's taints in /var/log/libvirt/qemu/web1.log: '${taints:-none}', want only custom-argv"
 grep -E "tainted|qmp" /var/log/libvirt/qemu/web1.log | head -5
 
-# Recorded, not checked: preallocating through <numatune> (docs/host.md, "libvirt").
-for probe in preferred-2 interleave-0-2; do
-	if virsh create "$REPO/tests/packaging/probe-$probe.xml" >"$OUT/probe.log" 2>&1; then
-		echo "== libvirt note: <numatune> $probe with preallocation starts: $(ram_nodes "$(cat /run/libvirt/qemu/probe-$probe.pid)")"
-		virsh destroy probe-$probe >/dev/null 2>&1
-	else
-		echo "== libvirt note: <numatune> $probe with preallocation fails: $(tr '\n' ' ' <"$OUT/probe.log")"
-	fi
-done
-journalctl -k --no-pager | grep -i 'apparmor="DENIED"' | sed 's/^/   /' | tail -5
+check "libvirt: with the cpumap rule, <numatune> interleave over nodes 0 and 2 preallocates half on each" \
+	bash -c 'virsh create "$REPO/tests/packaging/numatune-interleave.xml" >/dev/null &&
+		pid=$(cat /run/libvirt/qemu/numatune.pid) && r=$(ram_nodes $pid) && n0=$(mib_on $pid 0) &&
+		n2=$(mib_on $pid 2) && virsh destroy numatune >/dev/null && echo "$r" && [ $n0 -ge 8 ] && [ $n2 -ge 8 ]'
+journalctl -k --no-pager | grep -i 'apparmor="DENIED"' | sed 's/^/   AppArmor: /' | tail -5
 
 step "vtismd: configure, start from the unit"
 # The operator's edit of the conffile: web1's quota, and rounds faster than the 1 s default so
