@@ -7,7 +7,7 @@
 # started, a libvirt domain managed. Nothing is installed on this machine.
 # Prints "N passed, M failed"; exits non-zero on any failure.
 #
-# Env: VTISM_PACKAGING_TIMEOUT (s, default 900), VTISM_PACKAGING_KEEP=1 to keep the results.
+# Env: VTISM_PACKAGING_TIMEOUT (s, default 1500), VTISM_PACKAGING_KEEP=1 to keep the results.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -39,7 +39,7 @@ chmod 755 "$out"
 log "booting the emulated host (kernel $KVER, systemd)"
 t=$SECONDS
 set +e
-timeout "${VTISM_PACKAGING_TIMEOUT:-900}" nice -n 10 qemu-system-x86_64 \
+timeout "${VTISM_PACKAGING_TIMEOUT:-1500}" nice -n 10 qemu-system-x86_64 \
 	"${emuhost_machine[@]}" \
 	-kernel "$KERNEL" -initrd "$INITRD" \
 	-append "root=/dev/vda rw console=ttyS0 quiet panic=-1 vtism.repo=$repo vtism.run=$repo/tests/packaging/inner.sh" \
