@@ -6,7 +6,8 @@ CARGO ?= cargo
 RELEASE_BIN := target/release/vtism
 
 .PHONY: all deps deps-test deps-demo build build-release demo test test-rust test-c test-module \
-	test-guest-e2e test-damon-e2e test-host-e2e test-testbed demo-engine lint bench fuzz clean help
+	test-guest-e2e test-damon-e2e test-host-e2e test-testbed demo-engine lint bench fuzz clean help \
+	deps-deb deb test-packaging
 
 all: build
 
@@ -22,6 +23,8 @@ deps-test:
 	@scripts/install-deps.sh test
 deps-demo:
 	@scripts/install-deps.sh demo
+deps-deb:
+	@scripts/install-deps.sh deb
 
 build: deps
 	$(CARGO) build --workspace --all-targets
@@ -41,7 +44,8 @@ demo: deps-demo build-release
 demo-engine: build-release
 	$(RELEASE_BIN) demo
 
-test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e test-testbed
+test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e test-testbed \
+	test-packaging
 	@echo "make test: all passed"
 
 lint:
@@ -74,6 +78,15 @@ test-testbed: build-release
 # vtismd in an emulated 3-node host managing nested QEMUs.
 test-host-e2e:
 	tests/host-e2e/run.sh
+
+# The Debian packages, into build/deb/: vtismd (cargo-deb) and vtism-guest-dkms.
+deb: deps-deb
+	scripts/build-debs.sh
+
+# Both packages installed with dpkg in an emulated Debian host (systemd, libvirt, dkms; its root
+# filesystem is built under build/packaging/ and cached), vtismd managing a libvirt domain.
+test-packaging: deb
+	tests/packaging/run.sh
 
 bench:
 	$(CARGO) bench --workspace

@@ -1352,6 +1352,34 @@ impl Daemon {
                 &[("vm", name), ("dir", "demote")],
                 v.demoted_bytes as f64,
             );
+            // The VM's move limits (0 = unlimited), beside its moved bytes on a dashboard.
+            let entry = self.cfg.vm_entry(&v.name, &v.socket);
+            let vm_limits = [
+                (
+                    "promote",
+                    entry.and_then(|e| e.promote_mbps),
+                    self.cfg.mover.vm_promote_mbps,
+                ),
+                (
+                    "demote",
+                    entry.and_then(|e| e.demote_mbps),
+                    self.cfg.mover.vm_demote_mbps,
+                ),
+            ];
+            fam(
+                &mut e,
+                "vtism_vm_move_limit_bytes_per_second",
+                "gauge",
+                "The VM's move rate limit by direction (mover.vm_*_mbps or its [[vm]] entry; 0 = none).",
+            );
+            for (dir, own, default) in vm_limits {
+                let mbps = own.unwrap_or(default);
+                e.sample(
+                    "vtism_vm_move_limit_bytes_per_second",
+                    &[("vm", name), ("dir", dir)],
+                    mbps as f64 * 1e6,
+                );
+            }
             fam(
                 &mut e,
                 "vtism_vm_promotions_skipped_frames_total",
@@ -1613,6 +1641,22 @@ impl Daemon {
             &[],
             f64::from(u8::from(self.mover.busy())),
         );
+        fam(
+            &mut e,
+            "vtism_mover_limit_bytes_per_second",
+            "gauge",
+            "The global move rate limit by direction (mover.promote_mbps, demote_mbps; 0 = none).",
+        );
+        for (dir, mbps) in [
+            ("promote", self.cfg.mover.promote_mbps),
+            ("demote", self.cfg.mover.demote_mbps),
+        ] {
+            e.sample(
+                "vtism_mover_limit_bytes_per_second",
+                &[("dir", dir)],
+                mbps as f64 * 1e6,
+            );
+        }
         fam(&mut e, "vtism_vms", "gauge", "VMs managed.");
         e.sample("vtism_vms", &[], self.vms.len() as f64);
         fam(
