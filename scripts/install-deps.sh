@@ -22,8 +22,9 @@ case $profile in
 # static test programs, file/kmod/python3 for the guest e2e harness. Kernel headers and images
 # come from scripts/guest-kernels.sh, which the tests call.
 test) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3) ;;
-# The testbed: the same emulated host and nested guest as the tests.
-demo) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3) ;;
+# The testbed: the same emulated host and nested guest as the tests; xz-utils unpacks the QEMU
+# source the bake-off takes its plugin header from.
+demo) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 xz-utils) ;;
 esac
 want=("${base[@]}" "${extra[@]}")
 

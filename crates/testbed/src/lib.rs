@@ -15,6 +15,7 @@ pub mod placement;
 mod probe;
 mod report;
 mod settings;
+pub mod vtismd;
 
 pub use report::{Check, Phase, Sample};
 pub use settings::{Profile, Settings};

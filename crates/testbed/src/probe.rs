@@ -7,9 +7,9 @@ use crate::guest_console::{ConsoleTail, GupsTruth};
 use crate::placement::GuestRam;
 use crate::report::{Phase, Sample};
 use crate::settings::Settings;
+use crate::vtismd;
 use anyhow::{bail, Context};
-use std::io::{BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -98,20 +98,6 @@ impl Layout {
     }
 }
 
-fn daemon_status(sock: &Path, name: &str) -> Option<serde_json::Value> {
-    let mut s = UnixStream::connect(sock).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-    s.write_all(b"status\n").ok()?;
-    let mut text = String::new();
-    BufReader::new(s).read_to_string(&mut text).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v["vms"]
-        .as_array()?
-        .iter()
-        .find(|x| x["name"] == name)
-        .cloned()
-}
-
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
@@ -181,7 +167,7 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
         }
         let nodes = l.ram.nodes()?;
         let on = |set: &[i32], i: usize| set.contains(&nodes[i]);
-        let st = daemon_status(&a.control_socket, &a.vm);
+        let st = vtismd::status(&a.control_socket, &a.vm);
         let field = |k: &str| st.as_ref().and_then(|v| v[k].as_u64()).unwrap_or(0);
         let s = Sample {
             t_s: t,

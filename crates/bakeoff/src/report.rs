@@ -1,0 +1,544 @@
+//! docs/bakeoff.md, docs/bakeoff/results.json and the plots, from the runs' records: the
+//! hand-written parts (crates/bakeoff/doc/head.md and tail.md) around generated tables, per
+//! workload statements of where vtism wins and loses, the promotion-speed table, the kernel's and
+//! DAMON's counters, and the simulator's cross-check.
+
+use crate::metrics::{self, Outcome, PromoteSpeed};
+use crate::plan::{GroundTruth, Manager, Plan};
+use crate::record::RunRecord;
+use crate::simcheck::{self, SimRow};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use vtism_sim::svg::{LineChart, Series};
+
+const HEAD: &str = include_str!("../doc/head.md");
+const TAIL: &str = include_str!("../doc/tail.md");
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// One boot's results: the plan, its runs, and how long the boot took.
+pub struct WorkloadRuns {
+    pub plan: Plan,
+    pub records: Vec<RunRecord>,
+    pub wall_s: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct ResultsJson<'a> {
+    generated_by: &'static str,
+    runs: &'a [Outcome],
+    promote_speed: &'a [PromoteSpeed],
+    simulator: &'a [SimRow],
+    wall_s: BTreeMap<String, f64>,
+}
+
+/// Reads every `<dir>/<workload>/` with a plan.json.
+pub fn read_runs(dir: &Path) -> anyhow::Result<Vec<WorkloadRuns>> {
+    let mut out = Vec::new();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("plan.json").is_file())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        let plan: Plan = serde_json::from_str(&std::fs::read_to_string(d.join("plan.json"))?)?;
+        let mut records = Vec::new();
+        for m in &plan.workload.managers {
+            let p = d.join(format!("{}.run.json", m.name()));
+            if p.is_file() {
+                records.push(RunRecord::read(&p)?);
+            }
+        }
+        let wall_s = std::fs::read_to_string(d.join("wall_s"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        out.push(WorkloadRuns {
+            plan,
+            records,
+            wall_s,
+        });
+    }
+    Ok(out)
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
+}
+
+fn secs(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.0}"))
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / MIB)
+}
+
+/// Order of rows and colours: the baseline, the kernel's peers, vtism.
+fn ordered(records: &[RunRecord]) -> Vec<&RunRecord> {
+    let mut v: Vec<&RunRecord> = records.iter().collect();
+    v.sort_by_key(|r| r.manager);
+    v
+}
+
+fn outcomes(w: &WorkloadRuns) -> Vec<Outcome> {
+    let none = w.records.iter().find(|r| r.manager == Manager::None);
+    ordered(&w.records)
+        .into_iter()
+        .map(|r| metrics::outcome(r, none))
+        .collect()
+}
+
+/// Where vtism wins and where it loses on one workload, in numbers.
+fn verdict(os: &[Outcome]) -> String {
+    let mut s = String::new();
+    let peers: Vec<&Outcome> = os
+        .iter()
+        .filter(|o| !o.manager.starts_with("vtism") && o.manager != "none" && o.error.is_none())
+        .collect();
+    let best = peers
+        .iter()
+        .filter(|o| o.dram_access_share.is_some())
+        .max_by(|a, b| {
+            a.dram_access_share
+                .partial_cmp(&b.dram_access_share)
+                .unwrap()
+        });
+    for v in os.iter().filter(|o| o.manager.starts_with("vtism")) {
+        let Some(vs) = v.dram_access_share else {
+            let _ = writeln!(
+                s,
+                "- **{}** did not run to the end: {}",
+                v.manager,
+                v.error.as_deref().unwrap_or("no samples")
+            );
+            continue;
+        };
+        let mut wins = Vec::new();
+        let mut loses = Vec::new();
+        for p in &peers {
+            let Some(ps) = p.dram_access_share else {
+                continue;
+            };
+            let d = vs - ps;
+            let what = format!("{} ({:.1}% vs {:.1}%)", p.manager, 100.0 * vs, 100.0 * ps);
+            if d > 0.01 {
+                wins.push(what);
+            } else if d < -0.01 {
+                loses.push(what);
+            }
+        }
+        let _ = write!(
+            s,
+            "- **{}**: {:.1}% of accesses from DRAM in the steady state",
+            v.manager,
+            100.0 * vs
+        );
+        if let Some(b) = best {
+            let _ = write!(
+                s,
+                "; {:.2}x the best kernel peer's ({} {:.1}%)",
+                if b.dram_access_share.unwrap_or(0.0) > 0.0 {
+                    vs / b.dram_access_share.unwrap_or(1.0)
+                } else {
+                    f64::INFINITY
+                },
+                b.manager,
+                100.0 * b.dram_access_share.unwrap_or(0.0)
+            );
+        }
+        let _ = writeln!(s, ".");
+        if !wins.is_empty() {
+            let _ = writeln!(s, "  Wins on placement against {}.", wins.join(", "));
+        }
+        if !loses.is_empty() {
+            let _ = writeln!(s, "  Loses on placement against {}.", loses.join(", "));
+        }
+        let ties: Vec<&str> = peers
+            .iter()
+            .filter(|p| {
+                p.dram_access_share
+                    .is_some_and(|ps| (vs - ps).abs() <= 0.01)
+            })
+            .map(|p| p.manager.as_str())
+            .collect();
+        if !ties.is_empty() {
+            let _ = writeln!(s, "  Within one point of {}.", ties.join(", "));
+        }
+        let faster: Vec<String> = peers
+            .iter()
+            .filter_map(|p| match (v.t90_s, p.t90_s) {
+                (Some(a), Some(b)) if b < a => {
+                    Some(format!("{} ({b:.0} s vs {a:.0} s)", p.manager))
+                }
+                _ => None,
+            })
+            .collect();
+        if !faster.is_empty() {
+            let _ = writeln!(
+                s,
+                "  Slower to 90% of its steady state than {}.",
+                faster.join(", ")
+            );
+        }
+        if v.max_dram_over_limit_bytes > 0 {
+            let _ = writeln!(
+                s,
+                "  Exceeded the DRAM limit by {} MiB at most.",
+                mib(v.max_dram_over_limit_bytes)
+            );
+        }
+        let over: Vec<String> = peers
+            .iter()
+            .filter(|p| p.max_dram_over_limit_bytes > 0)
+            .map(|p| format!("{} by {} MiB", p.manager, mib(p.max_dram_over_limit_bytes)))
+            .collect();
+        if !over.is_empty() {
+            let _ = writeln!(s, "  Peers over the DRAM limit: {}.", over.join(", "));
+        }
+    }
+    s
+}
+
+fn table(os: &[Outcome], moving: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| manager | DRAM access share | time to 90% (s) |{} hot set on DRAM | migrated (MiB) | max guest DRAM / limit (MiB) | over limit (MiB) | manager CPU (s) | ops/s |",
+        if moving { " before the move | time to 90% after the move (s) |" } else { "" }
+    );
+    let _ = writeln!(
+        s,
+        "| --- | --- | --- |{} --- | --- | --- | --- | --- | --- |",
+        if moving { " --- | --- |" } else { "" }
+    );
+    for o in os {
+        if let Some(e) = &o.error {
+            let _ = writeln!(s, "| {} | failed: {} |", o.manager, e.replace('|', "/"));
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} |{} {} | {} | {} / {} | {} | {} | {} |",
+            o.manager,
+            pct(o.dram_access_share),
+            secs(o.t90_s),
+            if moving {
+                format!(
+                    " {} | {} |",
+                    pct(o.share_before_move),
+                    secs(o.t90_after_move_s)
+                )
+            } else {
+                String::new()
+            },
+            pct(o.hot_set_dram_share),
+            mib(o.migrated_bytes),
+            mib(o.max_guest_dram_bytes),
+            mib(o.limit_bytes),
+            mib(o.max_dram_over_limit_bytes),
+            o.manager_cpu_s.map_or("-".into(), |c| format!("{c:.2}")),
+            o.mean_ops_per_s.map_or("-".into(), |r| format!("{r:.0}")),
+        );
+    }
+    s
+}
+
+fn counters(w: &WorkloadRuns) -> String {
+    let mut s = String::new();
+    let keys = [
+        "pgmigrate_success",
+        "numa_pte_updates",
+        "numa_hint_faults",
+        "numa_pages_migrated",
+        "pgpromote_candidate",
+        "pgpromote_success",
+        "pgdemote_kswapd",
+        "pgdemote_direct",
+    ];
+    let _ = writeln!(
+        s,
+        "| manager | {} | DAMOS promote applied / tried (MiB) | DAMOS demote applied / tried (MiB) | CPU basis |",
+        keys.join(" | ")
+    );
+    let _ = writeln!(s, "|{}", " --- |".repeat(keys.len() + 4));
+    let none = w.records.iter().find(|r| r.manager == Manager::None);
+    for r in ordered(&w.records) {
+        let o = metrics::outcome(r, none);
+        let vals: Vec<String> = keys
+            .iter()
+            .map(|k| r.vmstat.get(*k).copied().unwrap_or(0).to_string())
+            .collect();
+        let damos = |i: usize| {
+            r.damos.as_ref().map_or("-".into(), |d| {
+                let x = if i == 0 { d.0 } else { d.1 };
+                format!("{} / {}", mib(x.sz_applied), mib(x.sz_tried))
+            })
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            r.manager.name(),
+            vals.join(" | "),
+            damos(0),
+            damos(1),
+            o.cpu_basis
+        );
+    }
+    s
+}
+
+fn colour(m: Manager) -> usize {
+    m as usize
+}
+
+fn plots(w: &WorkloadRuns, dir: &Path) -> anyhow::Result<Vec<String>> {
+    let name = &w.plan.workload.name;
+    let mut files = Vec::new();
+    let series = |f: &dyn Fn(&crate::record::RunSample) -> Option<f64>| -> Vec<Series> {
+        let mut v: Vec<(usize, Series)> = w
+            .records
+            .iter()
+            .map(|r| {
+                (
+                    colour(r.manager),
+                    Series {
+                        name: r.manager.name().into(),
+                        points: r
+                            .samples
+                            .iter()
+                            .filter_map(|x| f(x).map(|y| (x.t_s, y)))
+                            .collect(),
+                    },
+                )
+            })
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v.into_iter().map(|x| x.1).collect()
+    };
+    let promote = w.plan.workload.truth == GroundTruth::DramBytes;
+    if !promote {
+        let file = format!("{name}-share.svg");
+        let chart = LineChart {
+            title: &format!("{name}: share of the workload's accesses served from DRAM"),
+            x_label: "seconds since the manager started",
+            y_label: "%",
+            series: series(&|x| x.dram_access_share.map(|v| 100.0 * v)),
+            y_min: Some(0.0),
+            y_max: Some(105.0),
+            width: 900.0,
+            height: 380.0,
+        };
+        std::fs::write(dir.join(&file), chart.render())?;
+        files.push(file);
+    }
+    let file = format!("{name}-dram.svg");
+    let mut s = series(&|x| Some(x.guest_dram_bytes as f64 / MIB));
+    let end = w
+        .records
+        .iter()
+        .filter_map(|r| r.samples.last().map(|x| x.t_s))
+        .fold(0.0, f64::max);
+    s.push(Series {
+        name: "limit".into(),
+        points: vec![
+            (0.0, (w.plan.workload.dram_limit_mib) as f64),
+            (end, w.plan.workload.dram_limit_mib as f64),
+        ],
+    });
+    let chart = LineChart {
+        title: &format!("{name}: the guest's RAM on DRAM"),
+        x_label: "seconds since the manager started",
+        y_label: "MiB",
+        series: s,
+        y_min: Some(0.0),
+        y_max: None,
+        width: 900.0,
+        height: 380.0,
+    };
+    std::fs::write(dir.join(&file), chart.render())?;
+    files.push(file);
+    Ok(files)
+}
+
+fn sim_table(w: &WorkloadRuns, os: &[Outcome], rows: &[SimRow]) -> String {
+    let mut s = String::new();
+    let rank = |v: &[(String, f64)], who: &str| -> String {
+        let mut sorted: Vec<f64> = v.iter().map(|x| x.1).collect();
+        sorted.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        v.iter().find(|x| x.0 == who).map_or("-".into(), |x| {
+            (sorted
+                .iter()
+                .position(|y| (y - x.1).abs() < 0.005)
+                .unwrap_or(0)
+                + 1)
+            .to_string()
+        })
+    };
+    let real: Vec<(String, f64)> = os
+        .iter()
+        .filter(|o| simcheck::sim_policy(manager_of(&o.manager)).is_some())
+        .filter_map(|o| Some((o.manager.clone(), o.dram_access_share?)))
+        .collect();
+    let sim: Vec<(String, f64)> = real
+        .iter()
+        .filter_map(|(m, _)| {
+            let p = simcheck::sim_policy(manager_of(m))?;
+            Some((m.clone(), rows.iter().find(|r| r.policy == p)?.fast_hit))
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "| manager | sim policy | bake-off share | rank | sim fast hit ratio | rank | bake-off t90 (s) | sim t90 (s) |"
+    );
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (m, share) in &real {
+        let p = simcheck::sim_policy(manager_of(m)).unwrap_or("-");
+        let r = rows.iter().find(|r| r.policy == p);
+        let o = os.iter().find(|o| &o.manager == m);
+        let _ = writeln!(
+            s,
+            "| {m} | {p} | {:.1}% | {} | {} | {} | {} | {} |",
+            100.0 * share,
+            rank(&real, m),
+            r.map_or("-".into(), |r| format!("{:.1}%", 100.0 * r.fast_hit)),
+            rank(&sim, m),
+            secs(o.and_then(|o| o.t90_s)),
+            secs(r.and_then(|r| r.t90_s)),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nSimulated: `vtism sim compare --workload {} --model cxl --unit 4k --ratio {}:{} --duration {} --policies {}`.",
+        rows.first().map_or("-", |r| r.scenario.as_str()),
+        w.plan.workload.dram_limit_mib,
+        match w.plan.workload.shape {
+            crate::plan::Shape::Gups { mib, .. } => mib.saturating_sub(w.plan.workload.dram_limit_mib),
+            crate::plan::Shape::Redis { .. } => 64u64.saturating_sub(w.plan.workload.dram_limit_mib),
+        },
+        w.plan.workload.run_s,
+        rows.iter().map(|r| r.policy.as_str()).collect::<Vec<_>>().join(",")
+    );
+    s
+}
+
+fn manager_of(name: &str) -> Manager {
+    crate::plan::ALL_MANAGERS
+        .iter()
+        .copied()
+        .find(|m| m.name() == name)
+        .unwrap_or(Manager::None)
+}
+
+/// Writes docs/bakeoff.md (`md`), results.json and the plots (`assets`, the md's sibling
+/// directory of the same stem).
+pub fn write(
+    runs: &[WorkloadRuns],
+    md_path: &Path,
+    total_wall_s: Option<f64>,
+) -> anyhow::Result<()> {
+    let assets = md_path.with_extension("");
+    std::fs::create_dir_all(&assets)?;
+    let rel = assets
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("bakeoff")
+        .to_string();
+    let mut md = String::from(HEAD);
+    let mut all = Vec::new();
+    let mut promote = Vec::new();
+    let mut sims = Vec::new();
+    let mut walls = BTreeMap::new();
+    let _ = writeln!(md, "\n## Results\n");
+    if let Some(t) = total_wall_s {
+        let _ = writeln!(
+            md,
+            "This run of `make bakeoff` took {:.0} minutes on the 2-core machine (each workload's line below says its own).\n",
+            t / 60.0
+        );
+    }
+    for w in runs {
+        let wl = &w.plan.workload;
+        if let Some(t) = w.wall_s {
+            walls.insert(wl.name.clone(), t);
+        }
+        let files = plots(w, &assets)?;
+        let _ = writeln!(md, "### {}\n\n{}.", wl.name, wl.about);
+        let _ = writeln!(
+            md,
+            "DRAM limit {} MiB for every manager; {} s per manager; ground truth: {}{}.\n",
+            wl.dram_limit_mib,
+            wl.run_s,
+            match wl.truth {
+                GroundTruth::WorkloadMap =>
+                    "the workload's own map of its hot frames and its update rates",
+                GroundTruth::TcgPlugin => "per-frame access counts from the QEMU TCG plugin",
+                GroundTruth::DramBytes => "the guest's bytes on DRAM",
+            },
+            w.wall_s.map_or(String::new(), |t| format!(
+                "; this boot took {:.0} min",
+                t / 60.0
+            ))
+        );
+        if wl.truth == GroundTruth::DramBytes {
+            let rows: Vec<PromoteSpeed> = ordered(&w.records)
+                .into_iter()
+                .map(metrics::promote_speed)
+                .collect();
+            let _ = writeln!(md, "| manager | promoted MB/s (to 90%) | peak MB/s (10 s) | time to 90% (s) | DRAM at the end (MiB) |");
+            let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+            for p in &rows {
+                if let Some(e) = &p.error {
+                    let _ = writeln!(md, "| {} | failed: {} |", p.manager, e.replace('|', "/"));
+                    continue;
+                }
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {:.1} |",
+                    p.manager,
+                    p.promote_mb_per_s.map_or("-".into(), |v| format!("{v:.1}")),
+                    p.peak_promote_mb_per_s
+                        .map_or("-".into(), |v| format!("{v:.1}")),
+                    secs(p.t90_s),
+                    p.final_dram_mib
+                );
+            }
+            promote.extend(rows);
+        } else {
+            let os = outcomes(w);
+            let moving = os
+                .iter()
+                .any(|o| o.t90_after_move_s.is_some() || o.share_before_move.is_some());
+            md.push_str(&table(&os, moving));
+            let _ = writeln!(md, "\n{}", verdict(&os));
+            if let Some(rows) = simcheck::run(wl)? {
+                let _ = writeln!(
+                    md,
+                    "Cross-check with the simulator:\n\n{}",
+                    sim_table(w, &os, &rows)
+                );
+                sims.extend(rows);
+            }
+            all.extend(os);
+        }
+        let _ = writeln!(md, "Counters over each run (pages, from the emulated host's /proc/vmstat; DAMOS from its sysfs stats):\n\n{}", counters(w));
+        for f in files {
+            let _ = writeln!(md, "![{f}]({rel}/{f})\n");
+        }
+    }
+    md.push_str(TAIL);
+    std::fs::write(md_path, md)?;
+    let json = ResultsJson {
+        generated_by: "vtism bakeoff (make bakeoff)",
+        runs: &all,
+        promote_speed: &promote,
+        simulator: &sims,
+        wall_s: walls,
+    };
+    std::fs::write(
+        assets.join("results.json"),
+        serde_json::to_string_pretty(&json)? + "\n",
+    )?;
+    Ok(())
+}
