@@ -26,13 +26,30 @@ echo "TBBOOT $(uname -r) $(grep MemTotal /proc/meminfo | tr -s ' ')"
 WL=
 AG=
 ticks() { [ -r /proc/$1/stat ] && sed 's/.*) //' /proc/$1/stat | awk '{print $12 + $13}'; }
+# pids whose command name starts with $1 (busybox here has no pgrep)
+pids_named() {
+	for d in /proc/[0-9]*; do
+		case "$(cat $d/comm 2>/dev/null)" in "$1"*) echo "${d#/proc/}" ;; esac
+	done
+}
+# wait up to $2 s for pid $1 to end; 1 if it did not
+wait_gone() {
+	n=0
+	while kill -0 $1 2>/dev/null; do
+		[ $n -lt $(($2 * 5)) ] || return 1
+		sleep 0.2
+		n=$((n + 1))
+	done
+}
 
 stop_workload() {
 	[ -n "$WL" ] || return 0
 	kill $WL 2>/dev/null
-	pkill -x redis-server 2>/dev/null
 	wait $WL 2>/dev/null
-	while pgrep -x redis-server >/dev/null; do sleep 0.2; done
+	for p in $(pids_named redis-server); do
+		kill $p
+		wait_gone $p 60 || kill -9 $p
+	done
 	WL=
 }
 
@@ -68,11 +85,18 @@ run() {
 	agent-stop)
 		[ -n "$AG" ] || return 0
 		kill -TERM $AG
+		if ! wait_gone $AG 240; then
+			tail -n 3 /tmp/agent.log
+			kill -9 $AG
+			echo "the agent did not end within 240 s of SIGTERM; killed"
+			AG=
+			return 1
+		fi
 		wait $AG
 		AG=
 		;;
 	cpu)
-		for p in $(pgrep -x vtism_scan) $(pgrep kdamond) $AG; do
+		for p in $(pids_named vtism_scan) $(pids_named kdamond) $AG; do
 			echo "TBCPU $(cat /proc/$p/comm) $(ticks $p)"
 		done
 		;;

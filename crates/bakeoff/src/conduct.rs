@@ -192,22 +192,31 @@ fn restore_placement(ram: &GuestRam) -> anyhow::Result<usize> {
 }
 
 /// Holds all DRAM but `limit` plus the kernel's high watermark on the VM's node, and the other
-/// DRAM node down to its watermark. A second pass corrects for what the first one cost.
+/// DRAM node down to its watermark. Free memory is read after folding the per-CPU counters
+/// (vm.stat_refresh), and the hold corrected until it is within 1 MiB of the target.
 fn hold_dram(limit: u64) -> anyhow::Result<(Vec<Hog>, HogRecord)> {
     let mut hogs = Vec::new();
-    let other = hog::node_memory(OTHER_DRAM_NODE)?;
+    let other = fresh_node_memory(OTHER_DRAM_NODE)?;
     hogs.push(Hog::hold(
         OTHER_DRAM_NODE,
         other.free.saturating_sub(other.high_watermark),
     )?);
-    for _ in 0..2 {
-        let m = hog::node_memory(DRAM_NODE)?;
+    let mut m = fresh_node_memory(DRAM_NODE)?;
+    for _ in 0..6 {
         let want = limit + m.high_watermark;
         if m.free > want + (1 << 20) {
             hogs.push(Hog::hold(DRAM_NODE, m.free - want)?);
+        } else if m.free + (1 << 20) < want {
+            // Too much held (the kernel took some meanwhile): give the last piece back.
+            match hogs.iter().rposition(|h| h.node == DRAM_NODE) {
+                Some(i) => drop(hogs.remove(i)),
+                None => break,
+            }
+        } else {
+            break;
         }
+        m = fresh_node_memory(DRAM_NODE)?;
     }
-    let m = hog::node_memory(DRAM_NODE)?;
     let held = |n: u32| hogs.iter().filter(|h| h.node == n).map(|h| h.bytes()).sum();
     let rec = HogRecord {
         dram_node_held_bytes: held(DRAM_NODE),
@@ -216,6 +225,12 @@ fn hold_dram(limit: u64) -> anyhow::Result<(Vec<Hog>, HogRecord)> {
         dram_node_high_watermark_bytes: m.high_watermark,
     };
     Ok((hogs, rec))
+}
+
+/// A node's memory with the per-CPU counters folded in first (they lag by up to a second).
+fn fresh_node_memory(node: u32) -> anyhow::Result<hog::NodeMemory> {
+    let _ = std::fs::write("/proc/sys/vm/stat_refresh", "1");
+    Ok(hog::node_memory(node)?)
 }
 
 /// The workload's ground truth, as far as the conductor keeps it.
@@ -428,10 +443,6 @@ fn run_one(
                 result = Err(e);
                 break;
             }
-        }
-        if let Err(e) = running.tick() {
-            result = Err(e);
-            break;
         }
     }
     let run_s = t0.elapsed().as_secs_f64();

@@ -1,19 +1,19 @@
 //! DAMON-based tiering on the emulated host, through Linux 6.12's DAMON sysfs interface, with the
-//! recipe its authors published (peers.md, "DAMON tiering recipe"; the `mtier` sample of 6.16):
+//! recipe its authors published (peers.md, "DAMON tiering recipe"; the `mtier` sample of 6.16) as
+//! far as 6.12 has its knobs:
 //!
 //! - one kdamond watches the CXL nodes' physical memory and promotes (DAMOS `migrate_hot`) to the
 //!   VM's local DRAM node regions with an access rate of at least 5%, young pages only, at most
-//!   200 MiB/s, with the goal "DRAM node 99.7% used";
+//!   200 MiB/s;
 //! - one watches the DRAM node and demotes (`migrate_cold`) to its CXL node regions not accessed
-//!   at all, young pages excluded, at most 200 MiB/s, with the goal "0.5% of the DRAM node free";
+//!   at all, young pages excluded, at most 200 MiB/s;
 //! - sampling 5 ms, aggregation 100 ms, 10-1000 regions, schemes applied every second.
 //!
-//! 6.12 lacks two of the recipe's knobs: the `node_mem_used_bp` / `node_mem_free_bp` quota-goal
-//! metrics (6.16) and monitoring-interval auto-tuning (6.15). The goals are fed instead through
-//! 6.12's `user_input` metric: every second the conductor writes the node's used or free share
-//! (in basis points) as the goal's current value and commits it (`commit_schemes_quota_goals`),
-//! so DAMOS tunes its quota on the same signal, one second late at most. The intervals stay at
-//! their starting values (5 ms / 100 ms): auto-tuning would lengthen them for a sparse workload.
+//! 6.12 lacks two of the recipe's knobs: the quota goals' `node_mem_used_bp` (promote until the
+//! DRAM node is 99.7% used) and `node_mem_free_bp` (demote while less than 0.5% is free) metrics,
+//! which came in 6.16, and monitoring-interval auto-tuning (`intervals_goal`, 6.15). Without the
+//! goals the quotas are their 200 MiB/s ceilings, as DAMON tiering ran on 6.11 when its authors
+//! first published it; without auto-tuning the intervals stay at their starting values.
 //!
 //! The bake-off adds one thing to the recipe, a memcg filter, so the schemes touch the VM's
 //! pages only (6.12 migrates on physical addresses; without it they would demote the host's own
@@ -49,9 +49,6 @@ pub struct Recipe {
     pub quota_bytes: u64,
     pub quota_reset_ms: u64,
     pub apply_interval_us: u64,
-    /// Goals in basis points: DRAM node used (promotion), DRAM node free (demotion).
-    pub promote_used_goal_bp: u64,
-    pub demote_free_goal_bp: u64,
 }
 
 impl Default for Recipe {
@@ -66,8 +63,6 @@ impl Default for Recipe {
             quota_bytes: 200 << 20,
             quota_reset_ms: 1000,
             apply_interval_us: 1_000_000,
-            promote_used_goal_bp: 9970,
-            demote_free_goal_bp: 50,
         }
     }
 }
@@ -102,7 +97,6 @@ pub struct Nodes {
 /// The two kdamonds while they run.
 pub struct DamonTiering {
     root: PathBuf,
-    dram_node: u32,
 }
 
 fn put(path: &Path, v: impl ToString) -> anyhow::Result<()> {
@@ -157,16 +151,12 @@ impl DamonTiering {
             bail!("{n} kdamond(s) exist that the bake-off did not create; leaving them alone");
         }
         put(&root.join("nr_kdamonds"), 2)?;
-        let d = DamonTiering {
-            root,
-            dram_node: nodes.dram_node,
-        };
+        let d = DamonTiering { root };
         d.context(0, recipe, nodes, true)?;
         d.context(1, recipe, nodes, false)?;
         for k in 0..2 {
             put(&d.kdamond(k).join("state"), "on")?;
         }
-        d.feed_goals()?;
         Ok(d)
     }
 
@@ -235,18 +225,7 @@ impl DamonTiering {
         put(&q.join("weights/sz_permil"), 0)?;
         put(&q.join("weights/nr_accesses_permil"), 100)?;
         put(&q.join("weights/age_permil"), 100)?;
-        put(&q.join("goals/nr_goals"), 1)?;
-        let g = q.join("goals/0");
-        put(&g.join("target_metric"), "user_input")?;
-        put(
-            &g.join("target_value"),
-            if promote {
-                r.promote_used_goal_bp
-            } else {
-                r.demote_free_goal_bp
-            },
-        )?;
-        put(&g.join("current_value"), 0)?;
+        put(&q.join("goals/nr_goals"), 0)?;
         put(&s.join("watermarks/metric"), "none")?;
         let f = s.join("filters");
         put(&f.join("nr_filters"), 2)?;
@@ -257,19 +236,6 @@ impl DamonTiering {
         // promotion: young pages only; demotion: young pages rejected
         put(&f.join("1/type"), "young")?;
         put(&f.join("1/matching"), if promote { "N" } else { "Y" })?;
-        Ok(())
-    }
-
-    /// Writes the DRAM node's used and free shares as the goals' current values and commits them.
-    pub fn feed_goals(&self) -> anyhow::Result<()> {
-        let m = crate::hog::node_memory(self.dram_node)?;
-        let total = m.total.max(1);
-        let free_bp = m.free * 10_000 / total;
-        let used_bp = 10_000 - free_bp.min(10_000);
-        for (k, v) in [(0, used_bp), (1, free_bp)] {
-            put(&self.scheme(k).join("quotas/goals/0/current_value"), v)?;
-            put(&self.kdamond(k).join("state"), "commit_schemes_quota_goals")?;
-        }
         Ok(())
     }
 

@@ -135,14 +135,6 @@ fn start_vtismd(plan: &Plan, dir: &Path, out: &Path) -> anyhow::Result<(Child, P
 }
 
 impl Running {
-    /// Once a second while it runs.
-    pub fn tick(&self) -> anyhow::Result<()> {
-        if let Running::Damon(d) = self {
-            d.feed_goals()?;
-        }
-        Ok(())
-    }
-
     /// (promoted, demoted) bytes by the manager's own count; vmstat counters since the start
     /// for the kernel's tiering.
     pub fn moved(&self, m: Manager, vmstat_delta: &Counters) -> anyhow::Result<(u64, u64)> {
@@ -212,7 +204,8 @@ impl Running {
                 in_guest,
                 ..
             } => {
-                let r = guest.command(in_guest, Duration::from_secs(120));
+                // The agent ends its round and removes its kdamond first: slow under nested TCG.
+                let r = guest.command(in_guest, Duration::from_secs(300));
                 // SAFETY: kill(2) on the daemon this code started, by its pid.
                 unsafe {
                     libc::kill(daemon.id() as i32, libc::SIGTERM);

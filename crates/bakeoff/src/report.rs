@@ -542,3 +542,114 @@ pub fn write(
     )?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{self, VtismSettings};
+    use crate::record::{CpuRecord, HogRecord, RunSample};
+
+    fn rec(m: Manager, share: f64, over: u64) -> RunRecord {
+        RunRecord {
+            workload: "gups-hotset".into(),
+            manager: m,
+            error: None,
+            limit_bytes: 20 << 20,
+            guest_frames: 65536,
+            workload_frames: 24576,
+            workload_ready_s: 10.0,
+            run_s: 30.0,
+            hog: HogRecord::default(),
+            vmstat: Default::default(),
+            damos: None,
+            vtismd: None,
+            cpu: CpuRecord::default(),
+            samples: (1..=30)
+                .map(|i| RunSample {
+                    t_s: i as f64,
+                    dram_access_share: Some(share * (i as f64 / 10.0).min(1.0)),
+                    hot_dram_share: Some(share),
+                    guest_dram_bytes: (16 << 20) + over,
+                    limit_bytes: 20 << 20,
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_report_says_where_vtism_wins_and_loses() {
+        let mut w = plan::standard().remove(0);
+        w.run_s = 30;
+        w.managers = vec![
+            Manager::None,
+            Manager::Tiering,
+            Manager::Damon,
+            Manager::VtismModule,
+        ];
+        let runs = vec![WorkloadRuns {
+            plan: Plan {
+                workload: w,
+                vtism: VtismSettings::default(),
+                bin: "/x/vtism".into(),
+                vmlinuz: "/x/vmlinuz".into(),
+                guest_initrd: "/x/initrd".into(),
+                plugin: None,
+                sample_ms: 1000,
+            },
+            records: vec![
+                rec(Manager::None, 0.0, 0),
+                rec(Manager::Tiering, 0.5, 8 << 20),
+                rec(Manager::Damon, 0.95, 0),
+                rec(Manager::VtismModule, 0.8, 0),
+            ],
+            wall_s: Some(600.0),
+        }];
+        let dir = std::env::temp_dir().join(format!("vtism-bakeoff-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let md_path = dir.join("bakeoff.md");
+        write(&runs, &md_path, Some(3600.0)).unwrap();
+        let md = std::fs::read_to_string(&md_path).unwrap();
+        assert!(md.contains("### gups-hotset"), "{md}");
+        assert!(md.contains("| vtism-module | 80.0% |"), "{md}");
+        assert!(
+            md.contains("Wins on placement against tiering (80.0% vs 50.0%)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Loses on placement against damon (80.0% vs 95.0%)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Peers over the DRAM limit: tiering by 4.0 MiB"),
+            "{md}"
+        );
+        assert!(md.contains("took 60 minutes"), "{md}");
+        assert!(md.contains("Cross-check with the simulator"), "{md}");
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("bakeoff/results.json")).unwrap(),
+        )
+        .unwrap();
+        let runs = json["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 4);
+        for k in [
+            "workload",
+            "manager",
+            "dram_access_share",
+            "t90_s",
+            "migrated_bytes",
+            "max_dram_over_limit_bytes",
+            "manager_cpu_s",
+        ] {
+            assert!(runs[0].get(k).is_some(), "{k}");
+        }
+        assert_eq!(runs[1]["max_dram_over_limit_bytes"], 4 << 20);
+        assert!(!json["simulator"].as_array().unwrap().is_empty());
+        for f in ["gups-hotset-share.svg", "gups-hotset-dram.svg"] {
+            assert!(std::fs::read_to_string(dir.join("bakeoff").join(f))
+                .unwrap()
+                .starts_with("<svg"));
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
