@@ -7,7 +7,7 @@
  * looks; nothing is reset and nothing is locked (one vCPU writes, the reader tolerates a count
  * one access behind).
  *
- *   qemu-system-x86_64 ... -plugin /path/libpagecount.so,file=/dev/shm/counts,frames=65536
+ *   qemu-system-x86_64 ... -plugin /path/libpagecount.so,counts=/dev/shm/counts,frames=65536
  *
  * Instruction fetches are not counted, and neither are accesses to device memory (MMIO).
  * Built against qemu-plugin.h from Debian's QEMU source (testbed/prepare.sh --bakeoff).
@@ -59,17 +59,17 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
 
 	(void)info;
 	for (int i = 0; i < argc; i++) {
-		if (!strncmp(argv[i], "file=", 5))
-			path = argv[i] + 5;
+		if (!strncmp(argv[i], "counts=", 7))
+			path = argv[i] + 7;
 		else if (!strncmp(argv[i], "frames=", 7))
 			frames = strtoull(argv[i] + 7, NULL, 0);
 		else {
-			fprintf(stderr, "pagecount: unknown argument %s (file=PATH,frames=N)\n", argv[i]);
+			fprintf(stderr, "pagecount: unknown argument %s (counts=PATH,frames=N)\n", argv[i]);
 			return -1;
 		}
 	}
 	if (!path || !frames) {
-		fprintf(stderr, "pagecount: needs file=PATH and frames=N\n");
+		fprintf(stderr, "pagecount: needs counts=PATH and frames=N\n");
 		return -1;
 	}
 	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);

@@ -55,7 +55,7 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', value_enum)]
     pub managers: Vec<Manager>,
     /// The smoke version: gups-hotset under the kernel's tiering and vtism with the module,
-    /// 150 s each (what `make test` would run).
+    /// 120 s each (what `make test` would run).
     #[arg(long)]
     pub smoke: bool,
     /// Check that every run went through and every manager acted, print "N passed, M failed"

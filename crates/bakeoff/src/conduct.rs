@@ -98,9 +98,10 @@ pub fn conduct(a: ConductArgs) -> anyhow::Result<()> {
     say(&format!("nested guest up: {booted}"));
     let ram = GuestRam::from_qmp(&guest.qmp)?;
     let mut result = Ok(());
+    let mut hogs = Vec::new();
     for &m in &plan.workload.managers {
         say(&format!("== {} under {}", plan.workload.name, m.name()));
-        let rec = run_one(&plan, m, &mut guest, &ram, &dir, &a.out);
+        let rec = run_one(&plan, m, &mut hogs, &mut guest, &ram, &dir, &a.out);
         let rec = match rec {
             Ok(r) => r,
             Err(e) => {
@@ -193,22 +194,31 @@ fn restore_placement(ram: &GuestRam) -> anyhow::Result<usize> {
 
 /// Holds all DRAM but `limit` plus the kernel's high watermark on the VM's node, and the other
 /// DRAM node down to its watermark. Free memory is read after folding the per-CPU counters
-/// (vm.stat_refresh), and the hold corrected until it is within 1 MiB of the target.
-fn hold_dram(limit: u64) -> anyhow::Result<(Vec<Hog>, HogRecord)> {
-    let mut hogs = Vec::new();
-    let other = fresh_node_memory(OTHER_DRAM_NODE)?;
-    hogs.push(Hog::hold(
-        OTHER_DRAM_NODE,
-        other.free.saturating_sub(other.high_watermark),
-    )?);
+/// (vm.stat_refresh), and the hold corrected until it is within 1 MiB of the target. The hogs
+/// carry over from run to run (mlocking 1.7 GiB under TCG takes tens of seconds); each run
+/// corrects them to the free memory it finds.
+fn hold_dram(hogs: &mut Vec<Hog>, limit: u64) -> anyhow::Result<HogRecord> {
+    if !hogs.iter().any(|h| h.node == OTHER_DRAM_NODE) {
+        let other = fresh_node_memory(OTHER_DRAM_NODE)?;
+        hogs.push(Hog::hold(
+            OTHER_DRAM_NODE,
+            other.free.saturating_sub(other.high_watermark),
+        )?);
+    }
     let mut m = fresh_node_memory(DRAM_NODE)?;
-    for _ in 0..6 {
+    for _ in 0..8 {
         let want = limit + m.high_watermark;
         if m.free > want + (1 << 20) {
             hogs.push(Hog::hold(DRAM_NODE, m.free - want)?);
         } else if m.free + (1 << 20) < want {
-            // Too much held (the kernel took some meanwhile): give the last piece back.
-            match hogs.iter().rposition(|h| h.node == DRAM_NODE) {
+            // Too much held (the kernel took some meanwhile): give the smallest piece back.
+            let i = hogs
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.node == DRAM_NODE)
+                .min_by_key(|(_, h)| h.bytes())
+                .map(|(i, _)| i);
+            match i {
                 Some(i) => drop(hogs.remove(i)),
                 None => break,
             }
@@ -218,13 +228,12 @@ fn hold_dram(limit: u64) -> anyhow::Result<(Vec<Hog>, HogRecord)> {
         m = fresh_node_memory(DRAM_NODE)?;
     }
     let held = |n: u32| hogs.iter().filter(|h| h.node == n).map(|h| h.bytes()).sum();
-    let rec = HogRecord {
+    Ok(HogRecord {
         dram_node_held_bytes: held(DRAM_NODE),
         other_dram_node_held_bytes: held(OTHER_DRAM_NODE),
         dram_node_free_bytes: m.free,
         dram_node_high_watermark_bytes: m.high_watermark,
-    };
-    Ok((hogs, rec))
+    })
 }
 
 /// A node's memory with the per-CPU counters folded in first (they lag by up to a second).
@@ -358,6 +367,7 @@ impl Truth {
 fn run_one(
     plan: &Plan,
     m: Manager,
+    hogs: &mut Vec<Hog>,
     guest: &mut NestedGuest,
     ram: &GuestRam,
     dir: &Path,
@@ -373,7 +383,7 @@ fn run_one(
         "guest RAM back on the CXL nodes in {:.1} s",
         t.elapsed().as_secs_f64()
     ));
-    let (hogs, hog_rec) = hold_dram(limit)?;
+    let hog_rec = hold_dram(hogs, limit)?;
     say(&format!(
         "DRAM held: {:.0} MiB on node {DRAM_NODE}, {:.0} MiB on node {OTHER_DRAM_NODE}; node {DRAM_NODE} has {:.1} MiB free (limit {:.0} + high watermark {:.1})",
         mib(hog_rec.dram_node_held_bytes),
@@ -482,7 +492,6 @@ fn run_one(
     let vmstat = host_stats::delta(&vm0, &host_stats::vmstat());
     running.stop(guest)?;
     guest.command("stop", Duration::from_secs(120))?;
-    drop(hogs);
     result?;
     Ok(RunRecord {
         workload: w.name.clone(),

@@ -114,7 +114,7 @@ impl NestedGuest {
         if let Some((plugin, counts)) = c.plugin {
             args.push("-plugin".into());
             args.push(format!(
-                "{},file={},frames={}",
+                "{},counts={},frames={}",
                 plugin.display(),
                 counts.display(),
                 m * 256

@@ -222,17 +222,16 @@ pub fn standard() -> Vec<Workload> {
                 .into(),
             shape: gups(0),
             dram_limit_mib: 20,
-            run_s: 240,
+            run_s: 150,
             truth: GroundTruth::WorkloadMap,
             managers: ALL_MANAGERS.to_vec(),
         },
         Workload {
             name: "gups-move".into(),
-            about: "the same GUPS, its hot set jumps to the middle of the region after 120 s"
-                .into(),
-            shape: gups(120),
+            about: "the same GUPS, its hot set jumps to the middle of the region after 90 s".into(),
+            shape: gups(90),
             dram_limit_mib: 20,
-            run_s: 270,
+            run_s: 180,
             truth: GroundTruth::WorkloadMap,
             managers: ALL_MANAGERS.to_vec(),
         },
@@ -248,7 +247,7 @@ pub fn standard() -> Vec<Workload> {
                 write_share: 0.5,
             },
             dram_limit_mib: 20,
-            run_s: 240,
+            run_s: 150,
             truth: GroundTruth::TcgPlugin,
             managers: ALL_MANAGERS.to_vec(),
         },
@@ -264,7 +263,7 @@ pub fn standard() -> Vec<Workload> {
                 move_after_s: 0,
             },
             dram_limit_mib: 160,
-            run_s: 120,
+            run_s: 90,
             truth: GroundTruth::DramBytes,
             managers: ALL_MANAGERS
                 .iter()
@@ -279,7 +278,7 @@ pub fn standard() -> Vec<Workload> {
 pub fn smoke() -> Vec<Workload> {
     let mut w = standard().remove(0);
     w.managers = vec![Manager::Tiering, Manager::VtismModule];
-    w.run_s = 150;
+    w.run_s = 120;
     vec![w]
 }
 
@@ -332,7 +331,7 @@ mod tests {
         let s = standard();
         assert_eq!(
             s[1].guest_command(),
-            "gups --mib 96 --hot-mib 16 --cold-period 0 --uniform-share 0.01 --move-after 120"
+            "gups --mib 96 --hot-mib 16 --cold-period 0 --uniform-share 0.01 --move-after 90"
         );
         assert!(s[2].guest_command().starts_with("redis --keys 100000"));
         assert!(!s[3].managers.contains(&Manager::None));
@@ -345,7 +344,7 @@ mod tests {
     #[test]
     fn bad_workloads_are_refused() {
         let mut w = standard().remove(1);
-        w.run_s = 100;
+        w.run_s = 80;
         assert!(w
             .validate()
             .unwrap_err()

@@ -289,6 +289,33 @@ fn counters(w: &WorkloadRuns) -> String {
     s
 }
 
+/// GUPS: the measured update rate and the period between two uniform updates of one page.
+fn gups_rate_line(w: &crate::plan::Workload, os: &[Outcome]) -> Option<String> {
+    let crate::plan::Shape::Gups {
+        mib, uniform_share, ..
+    } = w.shape
+    else {
+        return None;
+    };
+    let rates: Vec<f64> = os.iter().filter_map(|o| o.mean_ops_per_s).collect();
+    if rates.is_empty() || uniform_share <= 0.0 {
+        return None;
+    }
+    let lo = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = rates.iter().copied().fold(0.0, f64::max);
+    let pages = (mib * 256) as f64;
+    Some(format!(
+        "The nested guest's GUPS ran at {:.2} to {:.2} M updates/s (mean per run; TCG's speed, not \
+         the placement's), so with {:.0}% of the updates uniform each page of the region got one \
+         every {:.1} to {:.1} s.",
+        lo / 1e6,
+        hi / 1e6,
+        100.0 * uniform_share,
+        pages / (uniform_share * hi),
+        pages / (uniform_share * lo)
+    ))
+}
+
 fn colour(m: Manager) -> usize {
     m as usize
 }
@@ -511,6 +538,9 @@ pub fn write(
                 .iter()
                 .any(|o| o.t90_after_move_s.is_some() || o.share_before_move.is_some());
             md.push_str(&table(&os, moving));
+            if let Some(line) = gups_rate_line(wl, &os) {
+                let _ = writeln!(md, "\n{line}");
+            }
             let _ = writeln!(md, "\n{}", verdict(&os));
             if let Some(rows) = simcheck::run(wl)? {
                 let _ = writeln!(

@@ -318,7 +318,7 @@ pub const WORKLOADS: &[(&str, &str)] = &[
     ),
     (
         "bakeoff-gups-move",
-        "bakeoff-gups whose hot set jumps to the middle of the region at 120 s",
+        "bakeoff-gups whose hot set jumps to the middle of the region at 90 s",
     ),
     (
         "bakeoff-kv",
@@ -477,7 +477,7 @@ pub fn scenario(
             let gups = Kind::Gups {
                 hot_bytes: mib(16.0),
                 hot_frac: 0.99,
-                move_at: (name == "bakeoff-gups-move").then_some(120.0),
+                move_at: (name == "bakeoff-gups-move").then_some(90.0),
             };
             vec![VmWorkload {
                 name: "gups".into(),
@@ -551,12 +551,12 @@ mod tests {
 
     #[test]
     fn bakeoff_gups_starts_with_its_hot_set_on_slow_memory() {
-        let w = &scenario("bakeoff-gups-move", 1.0, 240.0, 1).unwrap()[0];
+        let w = &scenario("bakeoff-gups-move", 1.0, 180.0, 1).unwrap()[0];
         const K4: u64 = 4096;
         assert!(w.starts_on_slow());
         assert!(!scenario("gups-hotset", 1.0, 240.0, 1).unwrap()[0].starts_on_slow());
         let before = w.profile(w.phase(10.0), K4);
-        let after = w.profile(w.phase(130.0), K4);
+        let after = w.profile(w.phase(100.0), K4);
         let hot = |p: &Profile, r: std::ops::Range<usize>| r.map(|i| p.share(i)).sum::<f64>();
         // 99% of the updates plus the hot set's part of the uniform 1%
         let want = 0.99 + 0.01 * 16.0 / 96.0;
