@@ -30,6 +30,10 @@ pub struct Outcome {
     pub max_guest_dram_bytes: u64,
     pub limit_bytes: u64,
     pub max_dram_over_limit_bytes: u64,
+    /// Free memory on the VM's DRAM node when the run started, and the kernel's high watermark
+    /// there (the hog aims at limit + watermark).
+    pub dram_free_at_start_bytes: u64,
+    pub dram_high_watermark_bytes: u64,
     /// The manager's CPU seconds over the run (how: docs/bakeoff.md, "CPU time").
     pub manager_cpu_s: Option<f64>,
     /// How `manager_cpu_s` was taken.
@@ -154,6 +158,8 @@ pub fn outcome(r: &RunRecord, baseline: Option<&RunRecord>) -> Outcome {
         max_guest_dram_bytes: max_dram,
         limit_bytes: r.limit_bytes,
         max_dram_over_limit_bytes: max_dram.saturating_sub(r.limit_bytes),
+        dram_free_at_start_bytes: r.hog.dram_node_free_bytes,
+        dram_high_watermark_bytes: r.hog.dram_node_high_watermark_bytes,
         manager_cpu_s: cpu,
         cpu_basis: basis,
         run_s: r.run_s,

@@ -205,12 +205,12 @@ fn table(os: &[Outcome], moving: bool) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| manager | DRAM access share | time to 90% (s) |{} hot set on DRAM | migrated (MiB) | max guest DRAM / limit (MiB) | over limit (MiB) | manager CPU (s) | ops/s |",
+        "| manager | DRAM access share | time to 90% (s) |{} hot set on DRAM | migrated (MiB) | max guest DRAM / limit (MiB) | over limit (MiB) | node 0 free at start (MiB) | manager CPU (s) | ops/s |",
         if moving { " before the move | time to 90% after the move (s) |" } else { "" }
     );
     let _ = writeln!(
         s,
-        "| --- | --- | --- |{} --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- |{} --- | --- | --- | --- | --- | --- | --- |",
         if moving { " --- | --- |" } else { "" }
     );
     for o in os {
@@ -220,7 +220,7 @@ fn table(os: &[Outcome], moving: bool) -> String {
         }
         let _ = writeln!(
             s,
-            "| {} | {} | {} |{} {} | {} | {} / {} | {} | {} | {} |",
+            "| {} | {} | {} |{} {} | {} | {} / {} | {} | {} | {} | {} |",
             o.manager,
             pct(o.dram_access_share),
             secs(o.t90_s),
@@ -238,6 +238,7 @@ fn table(os: &[Outcome], moving: bool) -> String {
             mib(o.max_guest_dram_bytes),
             mib(o.limit_bytes),
             mib(o.max_dram_over_limit_bytes),
+            mib(o.dram_free_at_start_bytes),
             o.manager_cpu_s.map_or("-".into(), |c| format!("{c:.2}")),
             o.mean_ops_per_s.map_or("-".into(), |r| format!("{r:.0}")),
         );
