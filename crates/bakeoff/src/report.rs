@@ -482,8 +482,14 @@ pub fn write(
     if let Some(t) = total_wall_s {
         let _ = writeln!(
             md,
-            "This run of `make bakeoff` took {:.0} minutes on the 2-core machine (each workload's line below says its own).\n",
-            t / 60.0
+            "The run these results come from took {:.0} minutes on the 2-core machine, booting the \
+             emulated host once per workload ({}; each workload's line below says its own time and \
+             how long each manager ran).\n",
+            t / 60.0,
+            runs.iter()
+                .map(|w| w.plan.workload.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     for w in runs {
@@ -655,7 +661,7 @@ mod tests {
             md.contains("Peers over the DRAM limit: tiering by 4.0 MiB"),
             "{md}"
         );
-        assert!(md.contains("took 60 minutes"), "{md}");
+        assert!(md.contains("took 60 minutes on the 2-core machine"), "{md}");
         assert!(md.contains("Cross-check with the simulator"), "{md}");
         let json: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join("bakeoff/results.json")).unwrap(),
