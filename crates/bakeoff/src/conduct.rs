@@ -205,33 +205,33 @@ fn hold_dram(hogs: &mut Vec<Hog>, limit: u64) -> anyhow::Result<HogRecord> {
             other.free.saturating_sub(other.high_watermark),
         )?);
     }
-    // Too much held (the kernel took memory meanwhile): give pieces back, smallest first.
+    // Approach the target from above in shrinking steps: a large hold costs the kernel page
+    // tables and more, and free memory reads lag (pages freed to the per-CPU lists are not
+    // counted until drained), so take all but 8 MiB first, then half the rest at a time; when
+    // too much is held (the kernel took memory meanwhile), give back the smallest piece.
     let mut m = fresh_node_memory(DRAM_NODE)?;
-    while m.free + (1 << 20) < limit + m.high_watermark {
-        let smallest = hogs
-            .iter()
-            .enumerate()
-            .filter(|(_, h)| h.node == DRAM_NODE)
-            .min_by_key(|(_, h)| h.bytes())
-            .map(|(i, _)| i);
-        let Some(i) = smallest else { break };
-        drop(hogs.remove(i));
-        m = fresh_node_memory(DRAM_NODE)?;
-    }
-    // Too little held: a large hold costs the kernel page tables and more, so take all but
-    // 8 MiB first and top up with small pieces (which the next run can give back alone).
-    for _ in 0..4 {
+    for _ in 0..16 {
         let want = limit + m.high_watermark;
-        if m.free <= want + (1 << 20) {
+        if m.free + (1 << 20) < want {
+            let smallest = hogs
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| h.node == DRAM_NODE)
+                .min_by_key(|(_, h)| h.bytes())
+                .map(|(i, _)| i);
+            let Some(i) = smallest else { break };
+            drop(hogs.remove(i));
+        } else if m.free > want + (1 << 20) {
+            let extra = m.free - want;
+            let piece = if extra > 16 << 20 {
+                extra - (8 << 20)
+            } else {
+                (extra / 2).max(512 << 10)
+            };
+            hogs.push(Hog::hold(DRAM_NODE, piece)?);
+        } else {
             break;
         }
-        let extra = m.free - want;
-        let piece = if extra > 16 << 20 {
-            extra - (8 << 20)
-        } else {
-            extra
-        };
-        hogs.push(Hog::hold(DRAM_NODE, piece)?);
         m = fresh_node_memory(DRAM_NODE)?;
     }
     let held = |n: u32| hogs.iter().filter(|h| h.node == n).map(|h| h.bytes()).sum();
