@@ -168,9 +168,16 @@ fn pin_self(cpu: usize) {
     }
 }
 
-/// Every guest frame back on a CXL node (frame i on CXL node i mod 2).
+/// Every guest frame back on a CXL node (frame i on CXL node i mod 2), by way of the other CXL
+/// node: NUMA balancing leaves PROT_NONE hint PTEs behind when it is switched off, and the next
+/// access to such a page still migrates it (do_numa_page does not look at the sysctl), which would
+/// promote pages during the next manager's run. A migration installs a fresh PTE, so moving every
+/// frame once clears them.
 fn restore_placement(ram: &GuestRam) -> anyhow::Result<usize> {
     let target = |i: usize| CXL_NODES[i % 2];
+    let other = |i: usize| CXL_NODES[(i + 1) % 2];
+    let nodes = ram.nodes()?;
+    ram.move_to(&nodes, other)?;
     let mut left = 0;
     for _ in 0..5 {
         let nodes = ram.nodes()?;
@@ -181,11 +188,7 @@ fn restore_placement(ram: &GuestRam) -> anyhow::Result<usize> {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    let on_dram = ram
-        .nodes()?
-        .iter()
-        .filter(|n| DRAM_NODES.contains(n))
-        .count();
+    let on_dram = ram.nodes()?.iter().filter(|n| DRAM_NODES.contains(n)).count();
     if on_dram > 0 {
         bail!("{on_dram} guest frames stay on DRAM after restoring the placement ({left} moves failed)");
     }

@@ -36,13 +36,15 @@ pub enum Manager {
     VtismDamon,
 }
 
+/// Every manager, in the order a boot runs them: NUMA balancing last, so that hint PTEs it leaves
+/// behind (cleared by the conductor's restore, see conduct.rs) could touch no other manager's run.
 pub const ALL_MANAGERS: [Manager; 6] = [
     Manager::None,
-    Manager::Autonuma,
-    Manager::Tiering,
     Manager::Damon,
     Manager::VtismModule,
     Manager::VtismDamon,
+    Manager::Autonuma,
+    Manager::Tiering,
 ];
 
 impl Manager {
@@ -277,7 +279,7 @@ pub fn standard() -> Vec<Workload> {
 /// The smoke version for `make test`: one workload, vtism and one kernel peer, shorter.
 pub fn smoke() -> Vec<Workload> {
     let mut w = standard().remove(0);
-    w.managers = vec![Manager::Tiering, Manager::VtismModule];
+    w.managers = vec![Manager::VtismModule, Manager::Tiering];
     w.run_s = 120;
     vec![w]
 }
