@@ -21,9 +21,11 @@ experiment and a cross-check with `vtism sim` (docs/bakeoff.md).
 Workloads: gups-hotset, gups-move, redis-zipf (Debian's redis-server under a zipfian key load, \
 ground truth from a QEMU TCG plugin), promote-speed.
 
-Time: each workload boots the nested guest once (100 s to several minutes under TCG inside TCG), \
-then takes about 5 minutes per manager; the whole bake-off takes one and a half to two hours on \
-2 cores, `--smoke` about 10 minutes.
+Time: each workload boots the nested guest once (2 to 7 minutes under TCG inside TCG on 2 \
+cores), then takes 3 to 6 minutes per manager (guest RAM back on CXL, DRAM held, the workload \
+populating its memory, the run, the stop); measured on a shared 2-core machine, gups-hotset with \
+six managers at 90 s each took about 35 minutes, so the whole bake-off takes about two hours and \
+`--smoke` about 10 minutes.
 
 Needs what `vtism testbed` needs (scripts/install-deps.sh demo, root, about 5 GiB of RAM) and \
 network access to Debian's archive on first use (the QEMU source for the plugin header, redis).";

@@ -188,7 +188,11 @@ fn restore_placement(ram: &GuestRam) -> anyhow::Result<usize> {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    let on_dram = ram.nodes()?.iter().filter(|n| DRAM_NODES.contains(n)).count();
+    let on_dram = ram
+        .nodes()?
+        .iter()
+        .filter(|n| DRAM_NODES.contains(n))
+        .count();
     if on_dram > 0 {
         bail!("{on_dram} guest frames stay on DRAM after restoring the placement ({left} moves failed)");
     }

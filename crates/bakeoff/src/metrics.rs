@@ -107,11 +107,19 @@ fn manager_cpu(r: &RunRecord, baseline: Option<&RunRecord>) -> (Option<f64>, Str
         Manager::Damon => (r.cpu.kdamond_s, "the two kdamonds' CPU time".into()),
         Manager::VtismModule | Manager::VtismDamon => {
             let host = r.cpu.vtismd_s.unwrap_or(0.0);
-            let guest = r.cpu.guest_tracker_s.unwrap_or(0.0);
-            (
-                r.cpu.vtismd_s.map(|_| host + guest),
-                format!("vtismd {host:.2} s + the guest's tracker {guest:.2} s"),
-            )
+            match r.cpu.guest_tracker_s {
+                Some(guest) => (
+                    r.cpu.vtismd_s.map(|_| host + guest),
+                    format!("vtismd {host:.2} s + the guest's tracker {guest:.2} s"),
+                ),
+                None => (
+                    r.cpu.vtismd_s,
+                    format!(
+                        "vtismd {host:.2} s; the guest's tracker not measured (the guest did not \
+                         answer in time)"
+                    ),
+                ),
+            }
         }
         Manager::Autonuma | Manager::Tiering => match baseline {
             Some(b) if b.run_s > 0.0 => {
