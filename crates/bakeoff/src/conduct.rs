@@ -471,8 +471,9 @@ fn run_one(
     }
     let run_s = t0.elapsed().as_secs_f64();
     let guest_tracker_s = if m.is_vtism() {
+        // Reading /proc in a nested guest on a loaded machine can take more than a minute.
         guest
-            .command("cpu", Duration::from_secs(60))
+            .command("cpu", Duration::from_secs(240))
             .ok()
             .map(|lines| {
                 lines
