@@ -136,17 +136,18 @@ fn verdict(os: &[Outcome]) -> String {
             100.0 * vs
         );
         if let Some(b) = best {
-            let _ = write!(
-                s,
-                "; {:.2}x the best kernel peer's ({} {:.1}%)",
-                if b.dram_access_share.unwrap_or(0.0) > 0.0 {
-                    vs / b.dram_access_share.unwrap_or(1.0)
-                } else {
-                    f64::INFINITY
-                },
-                b.manager,
-                100.0 * b.dram_access_share.unwrap_or(0.0)
-            );
+            let bs = b.dram_access_share.unwrap_or(0.0);
+            if bs > 0.0 {
+                let _ = write!(
+                    s,
+                    "; {:.2}x the best kernel peer's ({} {:.1}%)",
+                    vs / bs,
+                    b.manager,
+                    100.0 * bs
+                );
+            } else {
+                let _ = write!(s, "; no kernel peer moved any of it to DRAM");
+            }
         }
         let _ = writeln!(s, ".");
         if !wins.is_empty() {
