@@ -128,6 +128,7 @@ mod tests {
             workload: "gups-hotset".into(),
             manager: m,
             error: None,
+            notes: Vec::new(),
             limit_bytes: 20 << 20,
             guest_frames: 65536,
             workload_frames: 24576,

@@ -127,6 +127,7 @@ fn failed_record(plan: &Plan, m: Manager, ram: &GuestRam, error: String) -> RunR
         workload: plan.workload.name.clone(),
         manager: m,
         error: Some(error),
+        notes: Vec::new(),
         limit_bytes: plan.workload.dram_limit_mib << 20,
         guest_frames: ram.frames() as u64,
         workload_frames: 0,
@@ -505,13 +506,21 @@ fn run_one(
     let damos = running.damos();
     let vtismd = running.vtismd_status();
     let vmstat = host_stats::delta(&vm0, &host_stats::vmstat());
-    running.stop(guest)?;
-    guest.command("stop", Duration::from_secs(120))?;
+    // The samples stand even when ending the manager or the workload fails afterwards (a
+    // loaded nested guest can take minutes to end its tracker): the failure is a note.
+    let mut notes = Vec::new();
+    if let Err(e) = running.stop(guest) {
+        notes.push(format!("stopping the manager: {e:#}"));
+    }
+    if let Err(e) = guest.command("stop", Duration::from_secs(300)) {
+        notes.push(format!("ending the workload: {e:#}"));
+    }
     result?;
     Ok(RunRecord {
         workload: w.name.clone(),
         manager: m,
         error: None,
+        notes,
         limit_bytes: limit,
         guest_frames: frames as u64,
         workload_frames: truth.frames as u64,

@@ -213,6 +213,7 @@ mod tests {
             workload: "w".into(),
             manager: m,
             error: None,
+            notes: Vec::new(),
             limit_bytes: 20 << 20,
             guest_frames: 65536,
             workload_frames: 24576,

@@ -71,6 +71,9 @@ pub struct RunRecord {
     pub manager: Manager,
     /// Empty when the run went through; else what failed.
     pub error: Option<String>,
+    /// What went wrong after the run's samples were taken (they stand).
+    #[serde(default)]
+    pub notes: Vec<String>,
     pub limit_bytes: u64,
     pub guest_frames: u64,
     pub workload_frames: u64,

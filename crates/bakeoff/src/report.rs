@@ -550,6 +550,11 @@ pub fn write(
                 let _ = writeln!(md, "\n{line}");
             }
             let _ = writeln!(md, "\n{}", verdict(&os));
+            for r in ordered(&w.records) {
+                for n in &r.notes {
+                    let _ = writeln!(md, "Note, {}: {n}\n", r.manager.name());
+                }
+            }
             if let Some(rows) = simcheck::run(wl)? {
                 let _ = writeln!(
                     md,
@@ -592,6 +597,7 @@ mod tests {
             workload: "gups-hotset".into(),
             manager: m,
             error: None,
+            notes: Vec::new(),
             limit_bytes: 20 << 20,
             guest_frames: 65536,
             workload_frames: 24576,
