@@ -146,7 +146,12 @@ fn verdict(os: &[Outcome]) -> String {
                     100.0 * bs
                 );
             } else {
-                let _ = write!(s, "; no kernel peer moved any of it to DRAM");
+                let names: Vec<&str> = peers.iter().map(|p| p.manager.as_str()).collect();
+                let _ = write!(
+                    s,
+                    "; of the kernel peers that ran ({}), none moved any of it to DRAM",
+                    names.join(", ")
+                );
             }
         }
         let _ = writeln!(s, ".");
