@@ -15,7 +15,7 @@ help:
 	@echo "make demo   run vtism's main job (see README)"
 	@echo "make test   run every test (what CI runs)"
 	@echo "make bench  run the criterion benchmarks (figures go to docs/performance.md)"
-	@echo "make bakeoff  vtism against the kernel's tiering and DAMON tiering (docs/bakeoff.md, ~2 h)"
+	@echo "make bakeoff  vtism against the kernel's tiering and DAMON tiering (docs/bakeoff.md, 2-4 h)"
 	@echo "make fuzz   fuzz the channel reader (scripts/fuzz-channel.sh)"
 
 deps:
@@ -75,7 +75,7 @@ test-testbed: build-release
 
 # vtism against the kernel's own tiering (AutoNUMA, memory tiering) and DAMON tiering in the
 # emulated host, same guest, same workloads; regenerates docs/bakeoff.md, docs/bakeoff/results.json
-# and the plots. Takes about two hours on 2 cores (docs/bakeoff.md says how long the last run took).
+# and the plots. Takes two to four hours on 2 cores (docs/bakeoff.md says how long its run took).
 bakeoff: deps-demo build-release
 	$(RELEASE_BIN) bakeoff
 

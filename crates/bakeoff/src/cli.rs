@@ -24,7 +24,7 @@ ground truth from a QEMU TCG plugin), promote-speed.
 Time: each workload boots the nested guest once (2 to 7 minutes under TCG inside TCG on 2 \
 cores), then takes 3 to 6 minutes per manager (guest RAM back on CXL, DRAM held, the workload \
 populating its memory, the run, the stop); measured on a shared 2-core machine, gups-hotset with \
-six managers at 90 s each took about 35 minutes, so the whole bake-off takes about two hours and \
+six managers at 90 s each took 44 minutes under load, so the whole bake-off takes two to four hours and \
 `--smoke` about 10 minutes.
 
 Needs what `vtism testbed` needs (scripts/install-deps.sh demo, root, about 5 GiB of RAM) and \
