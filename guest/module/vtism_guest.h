@@ -220,9 +220,10 @@ struct vt_stats {
 	u64 entries_written;
 	u64 last_hot_frames;
 	u64 overflow_rounds;
+	/* the last sweep followed by another: its CPU, the interval T that made, and the gap */
 	u64 last_sweep_cpu_us;
-	u64 last_sweep_gap_ms;	/* from the start of the previous sweep to the start of the last */
-	u64 last_sweep_bound_ms;	/* the adaptive interval that gap had to respect */
+	u64 last_sweep_bound_ms;
+	u64 last_sweep_gap_ms;	/* from its start to the start of the next sweep */
 	u64 track_alloc_fail;
 	u64 fb_entry_budget;	/* last host feedback seen */
 	u64 fb_min_interval_ms;
@@ -314,6 +315,9 @@ struct vt_tracker {
 	u64 sweep_start_ns;
 	u64 next_sweep_ns;
 	u64 sweep_gap_ms;	/* between the starts of the last two sweeps */
+	u64 sweep_bound_cpu_us;	/* CPU of the last complete sweep... */
+	u64 sweep_bound_ms;	/* ...and the seed's interval it sets before the next one */
+	u64 gap_cpu_us, gap_bound_ms;	/* those that bounded sweep_gap_ms */
 	u8 sweep;		/* sweep counter (wrapping), for the regions' stamps */
 	u64 region_burst_ns;	/* CPU per region per burst, averaged: sizes bursts */
 	u32 rng;		/* xorshift state: dithers the rounding of rate codes */

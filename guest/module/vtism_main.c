@@ -470,8 +470,12 @@ static void vt_burst_select(struct vt_loop *l, s64 afford)
 	if (!vm) {	/* a new sweep */
 		vm = vt_mm_next(t, NULL);
 		idx = 0;
-		if (tr->sweep_start_ns)
+		if (tr->sweep_start_ns) {
+			/* the gap the last sweep's interval bounded, with that bound (vt_round) */
 			tr->sweep_gap_ms = div_u64(l->now - tr->sweep_start_ns, NSEC_PER_MSEC);
+			tr->gap_cpu_us = tr->sweep_bound_cpu_us;
+			tr->gap_bound_ms = tr->sweep_bound_ms;
+		}
 		tr->sweep_start_ns = l->now;
 		tr->sweep_cpu_ns = 0;
 	}
@@ -535,11 +539,9 @@ static void vt_burst_end(struct vt_loop *l)
 	/* the sweep is complete: adapt W_f, and the next one waits for the seed's interval */
 	vt_sweep_end(tr, l->now);
 	vt_cursor_move(tr, NULL, 0);
-	WRITE_ONCE(vt_stats.last_sweep_cpu_us, div_u64(tr->sweep_cpu_ns, NSEC_PER_USEC));
-	WRITE_ONCE(vt_stats.last_sweep_bound_ms,
-		   vt_interval_ms(div_u64(tr->sweep_cpu_ns, NSEC_PER_USEC)));
-	WRITE_ONCE(vt_stats.last_sweep_gap_ms, tr->sweep_gap_ms);
-	tr->next_sweep_ns = tr->sweep_start_ns + vt_stats.last_sweep_bound_ms * NSEC_PER_MSEC;
+	tr->sweep_bound_cpu_us = div_u64(tr->sweep_cpu_ns, NSEC_PER_USEC);
+	tr->sweep_bound_ms = vt_interval_ms(tr->sweep_bound_cpu_us);
+	tr->next_sweep_ns = tr->sweep_start_ns + tr->sweep_bound_ms * NSEC_PER_MSEC;
 }
 
 static enum vt_pass_result vt_fine_step(struct vt_loop *l)
@@ -637,6 +639,9 @@ static void vt_round(struct vt_loop *l)
 	WRITE_ONCE(vt_stats.last_hot_frames, res.hot_frames);
 	if (res.candidates > res.written)
 		WRITE_ONCE(vt_stats.overflow_rounds, vt_stats.overflow_rounds + 1);
+	WRITE_ONCE(vt_stats.last_sweep_cpu_us, tr->gap_cpu_us);
+	WRITE_ONCE(vt_stats.last_sweep_bound_ms, tr->gap_bound_ms);
+	WRITE_ONCE(vt_stats.last_sweep_gap_ms, tr->sweep_gap_ms);
 	WRITE_ONCE(vt_stats.fb_entry_budget, d->fb.entry_budget);
 	WRITE_ONCE(vt_stats.fb_min_interval_ms, d->fb.min_interval_ms);
 	WRITE_ONCE(vt_stats.fb_ack_round, d->fb.ack_round);
