@@ -153,6 +153,16 @@ stats notlb
 echo 1 >$P/tlb_flush
 wait_rounds 8 60
 
+# ---- the default budget (1% of a vCPU), which binds under TCG: the tracker must stay in it ----
+b0=$(cat $P/cpu_budget_bp)
+echo 100 >$P/cpu_budget_bp
+wait_rounds 3 60
+stats budget1-start
+wait_rounds 10 60
+stats budget1
+echo "$b0" >$P/cpu_budget_bp
+wait_rounds 3 60
+
 # ---- host feedback: the host sets entry_budget and min_interval_ms on this marker ----
 phase feedback-request
 if wait_stat feedback_entry_budget 64 60; then

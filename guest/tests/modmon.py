@@ -243,13 +243,17 @@ class ModuleMonitor(chanmon.Monitor):
         """Tracker CPU / elapsed within cpu_budget_bp (plus the 1 s of budget it may bank)."""
         rows = []
         for a, b in (("steady-start", "steady"), ("quota-wide-start", "quota-wide"),
-                     ("noprune-start", "noprune")):
+                     ("noprune-start", "noprune"), ("budget1-start", "budget1")):
             cpu, el = self.delta(a, b, "cpu_us"), self.delta(a, b, "elapsed_us")
             bp = self.stat(b, "param_cpu_budget_bp")
             if cpu is None or not el or bp is None:
                 continue
             rows.append((a, cpu, el, bp, cpu <= bp / 1e4 * (el + 1e6)))
-        self.check("cpu-budget", rows and all(r[4] for r in rows),
+        waits = self.delta("budget1-start", "budget1", "budget_waits")
+        bursts = self.delta("budget1-start", "budget1", "bursts")
+        self.notes.append(("budget-default", "cpu_budget_bp=100 (the default, 1%%) under TCG: %s "
+                           "budget waits, %s fine bursts in the phase" % (waits, bursts)))
+        self.check("cpu-budget", len(rows) == 4 and all(r[4] for r in rows),
                    "; ".join("%s: %.1f ms of CPU in %.1f s = %.2f%% of a vCPU (budget %.2f%%)" % (
                        a.replace("-start", ""), cpu / 1e3, el / 1e6, 100.0 * cpu / el, bp / 100)
                        for a, cpu, el, bp, _ in rows) or "no statistics")
