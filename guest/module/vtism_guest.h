@@ -354,6 +354,7 @@ struct vt_publish_result {
 	u64 written;
 	u64 hot_frames;		/* 4 KiB frames at 1 Hz or more */
 	u64 tracked_bytes;
+	u64 publish_ns;		/* the round's publish_time_ns */
 };
 
 struct vt_round_info {

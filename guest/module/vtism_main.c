@@ -613,7 +613,8 @@ static void vt_round(struct vt_loop *l)
 	period = max_t(u64, READ_ONCE(vt_round_ms), div64_u64(pub_ns * 4 * 10000, bp * NSEC_PER_MSEC));
 	period = max_t(u64, period, d->fb.min_interval_ms);
 	l->round_ms = period;
-	l->round_next = l->now + period * NSEC_PER_MSEC;
+	/* from this round's publish_time_ns: the host sees rounds at least the period apart */
+	l->round_next = res.publish_ns + period * NSEC_PER_MSEC;
 	l->round_cpu = l->cpu;
 
 	mutex_lock(&vt_stats_lock);

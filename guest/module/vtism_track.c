@@ -443,6 +443,7 @@ void vt_publish(struct vt_tracker *tr, struct vtism_ch_header *h, u64 budget,
 	meta.tracked_bytes = res->tracked_bytes;
 	meta.hot_frames = res->hot_frames;
 	meta.publish_time_ns = ktime_get_ns();
+	res->publish_ns = meta.publish_time_ns;
 	meta.window_us = min_t(u64, div_u64(tr->wf_ns, NSEC_PER_USEC), U32_MAX);
 	meta.coarse_window_us = div_u64(tr->wc_ns, NSEC_PER_USEC);
 	meta.windows = ri->windows;
