@@ -332,6 +332,8 @@ struct vt_loop {
 	u64 last_publish_ns;
 	s64 credit_ns;		/* CPU the budget still allows */
 	u64 last_now, last_cpu;
+	u64 wake_ns;		/* CPU of one idle wake-up (sleep, wake, look around), averaged */
+	bool slept;		/* the last step only slept */
 	u64 start, cpu0;
 };
 
@@ -355,18 +357,26 @@ static void vt_account(struct vt_loop *l)
 	l->cpu = vt_cpu_ns();
 	l->credit_ns += div_u64((l->now - l->last_now) * bp, 10000);
 	l->credit_ns -= l->cpu - l->last_cpu;
+	if (l->slept)
+		l->wake_ns = (7 * l->wake_ns + (l->cpu - l->last_cpu)) / 8;
+	l->slept = false;
 	l->credit_ns = min(l->credit_ns, cap);
 	l->last_now = l->now;
 	l->last_cpu = l->cpu;
 }
 
-/* When the budget will have paid back `need` more ns of credit than there is. */
+/*
+ * When there will be `need` ns of credit: now if there is. Otherwise a wait that also pays for
+ * four wake-ups beyond it: waiting for exactly what is missing, each wake-up would cost what
+ * the wait earned and the thread would spend its whole budget waking up to find it short.
+ */
 static u64 vt_when_credit(struct vt_loop *l, s64 need)
 {
 	s64 missing = need - l->credit_ns;
 
 	if (missing <= 0)
 		return l->now;
+	missing += 4 * l->wake_ns;
 	return l->now + div_u64((u64)missing * 10000, vt_budget_bp());
 }
 
@@ -718,6 +728,7 @@ static bool vt_step(struct vt_loop *l)
 		if (l->fstate == VT_F_IDLE)
 			due = min(due, vt_burst_when(l));
 		vt_sleep_until(due);
+		l->slept = true;
 		return true;
 	}
 	if (res == VT_PASS_STOP)
