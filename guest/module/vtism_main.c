@@ -448,8 +448,10 @@ static enum vt_pass_result vt_coarse_step(struct vt_loop *l)
 	l->cstate = VT_C_IDLE;
 	if (c->end.vm)
 		l->c_next = l->now;	/* the next chunk of this period */
-	else
-		l->c_next = max(l->c_period_start + (u64)READ_ONCE(vt_coarse_period_ms) * NSEC_PER_MSEC,
+	else	/* coarse windows use at most 3/4 of the budget: bursts are never starved */
+		l->c_next = max(l->c_period_start +
+				max((u64)READ_ONCE(vt_coarse_period_ms) * NSEC_PER_MSEC,
+				    div_u64(l->c_period_ns * 4 * 10000, 3 * vt_budget_bp())),
 				l->now);
 	return res;
 }
@@ -581,6 +583,15 @@ static enum vt_pass_result vt_fine_step(struct vt_loop *l)
 	return res;
 }
 
+/*
+ * Credit a burst leaves for the next coarse window: what the last coarse period took, but at
+ * most half of what can be banked, or a large guest's bursts would never find enough.
+ */
+static s64 vt_coarse_reserve(struct vt_loop *l)
+{
+	return min_t(u64, l->c_cost_ns, vt_budget_bp() * (NSEC_PER_SEC / 10000) / 2);
+}
+
 /* Can a burst start: a sweep under way or its interval passed, and budget beyond coarse's? */
 static u64 vt_burst_when(struct vt_loop *l)
 {
@@ -591,7 +602,7 @@ static u64 vt_burst_when(struct vt_loop *l)
 		return U64_MAX;
 	if (!tr->cur_vm)
 		t = max(t, tr->next_sweep_ns);
-	return max(t, vt_when_credit(l, l->c_cost_ns + tr->region_burst_ns));
+	return max(t, vt_when_credit(l, vt_coarse_reserve(l) + tr->region_burst_ns));
 }
 
 /* ---- rounds ---- */
@@ -708,7 +719,7 @@ static bool vt_step(struct vt_loop *l)
 		vt_coarse_start(l);
 		res = vt_coarse_step(l);
 	} else if (l->fstate == VT_F_IDLE && (when = vt_burst_when(l)) <= l->now) {
-		vt_burst_select(l, l->credit_ns - (s64)l->c_cost_ns);
+		vt_burst_select(l, l->credit_ns - vt_coarse_reserve(l));
 		if (l->b->n)
 			res = vt_fine_step(l);
 		else
