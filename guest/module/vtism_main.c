@@ -699,6 +699,7 @@ static bool vt_step(struct vt_loop *l)
 	struct vt_tracker *tr = &l->tr;
 	enum vt_pass_result res = VT_PASS_DONE;
 	u64 due, when;
+	bool paid, coarse_due, fine_due;
 
 	vt_account(l);
 	if (kthread_should_stop())
@@ -708,10 +709,17 @@ static bool vt_step(struct vt_loop *l)
 	/* Xen PV has no hardware non-leaf Accessed bits: pruning would skip everything */
 	tr->prune = READ_ONCE(vt_prune) && tr->nonleaf_young;
 
-	if ((l->cstate == VT_C_OPEN && l->now >= l->c_read_due) || l->cstate == VT_C_READING ||
-	    l->cstate == VT_C_CLEARING) {
+	/*
+	 * Passes (and the reads that close open windows) also wait for credit: a window that
+	 * waits is merely longer, and is measured as such.
+	 */
+	paid = l->credit_ns > 0;
+	coarse_due = (l->cstate == VT_C_OPEN && l->now >= l->c_read_due) ||
+		     l->cstate == VT_C_READING || l->cstate == VT_C_CLEARING;
+	fine_due = l->fstate == VT_F_PASS || (l->fstate == VT_F_WAIT && l->now >= l->f_due);
+	if (paid && coarse_due) {
 		res = vt_coarse_step(l);
-	} else if (l->fstate == VT_F_PASS || (l->fstate == VT_F_WAIT && l->now >= l->f_due)) {
+	} else if (paid && fine_due) {
 		res = vt_fine_step(l);
 	} else if (l->now >= l->round_next) {
 		vt_round(l);
@@ -726,7 +734,7 @@ static bool vt_step(struct vt_loop *l)
 			vt_burst_end(l);	/* nothing left in this sweep */
 	} else {
 		due = l->round_next;
-		if (l->cstate == VT_C_OPEN)
+		if (l->cstate == VT_C_OPEN && !coarse_due)
 			due = min(due, l->c_read_due);
 		if (l->cstate == VT_C_IDLE) {
 			when = max(l->c_next, vt_when_credit(l, 1));
@@ -734,10 +742,14 @@ static bool vt_step(struct vt_loop *l)
 				tr->c.budget_waits++;
 			due = min(due, when);
 		}
-		if (l->fstate == VT_F_WAIT)
+		if (l->fstate == VT_F_WAIT && !fine_due)
 			due = min(due, l->f_due);
 		if (l->fstate == VT_F_IDLE)
 			due = min(due, vt_burst_when(l));
+		if (coarse_due || fine_due) {
+			due = min(due, vt_when_credit(l, 1));
+			tr->c.budget_waits++;
+		}
 		vt_sleep_until(due);
 		l->slept = true;
 		return true;
