@@ -296,7 +296,7 @@ pub struct VtismSettings {
 impl Default for VtismSettings {
     fn default() -> Self {
         VtismSettings {
-            module_params: "interval_k=1 interval_kb=10 interval_base_ms=1000 interval_max_ms=3000"
+            module_params: "cpu_budget_bp=2000 interval_k=1 interval_kb=10 interval_base_ms=1000 interval_max_ms=3000"
                 .into(),
             agent_args: "--interval-k 1 --interval-kb 10 --interval-base-ms 1000 \
                          --interval-max-ms 3000"

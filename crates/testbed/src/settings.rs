@@ -46,9 +46,12 @@ pub struct Settings {
 
 /// The module's interval formula with the seed's K and Kb assumes hardware scan times; inside a
 /// TCG guest nested in a TCG guest a scan is ~100x slower, so the testbed scales Tbase and caps
-/// the interval to keep rounds a few seconds apart, as they are on hardware.
+/// the interval to keep rounds a few seconds apart, as they are on hardware. The CPU budget
+/// (1% of a vCPU by default) is raised to 20% for the same reason: a pass that takes
+/// microseconds on hardware takes milliseconds here, and the guest e2e runs its steady phase at
+/// 20% too (docs/guest.md).
 const MODULE_PARAMS: &str =
-    "interval_k=1,interval_kb=10,interval_base_ms=1000,interval_max_ms=3000";
+    "cpu_budget_bp=2000,interval_k=1,interval_kb=10,interval_base_ms=1000,interval_max_ms=3000";
 
 impl Settings {
     pub fn for_profile(p: Profile) -> Settings {
