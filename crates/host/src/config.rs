@@ -772,8 +772,21 @@ mod tests {
     #[test]
     fn example_config_in_packaging_parses() {
         let text = include_str!("../../../packaging/vtismd.toml");
+        // As shipped (the package's /etc/vtism/vtismd.toml): the defaults, no example entries.
         let c = Config::parse(text).unwrap();
-        assert!(!c.vms.is_empty());
+        assert!(c.vms.is_empty() && c.topology.node.is_empty());
+        // Its commented-out examples (`#key`, no space) are valid too.
+        let examples: String = text
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if !rest.starts_with([' ', '#']) && !rest.is_empty() => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&examples).unwrap();
+        assert_eq!(c.vms.len(), 1);
+        assert_eq!(c.topology.node.len(), 1);
     }
 
     #[test]
