@@ -57,6 +57,44 @@ struct Cursor {
     prefetch_base: *const FrameState,
 }
 
+/// A run of consecutive entries in one bucket, counted in a register: entries come in runs
+/// (a guest publishes frames of one level in address order), and a counter in memory would make
+/// each entry wait for the one before.
+#[derive(Default)]
+struct Run {
+    bucket: usize,
+    n: usize,
+}
+
+impl Run {
+    /// Counts an entry of bucket `b`, adding the run before to `count` when `b` starts a new one.
+    #[inline(always)]
+    fn add(&mut self, count: &mut [usize], b: usize) {
+        if b != self.bucket {
+            count[self.bucket] += self.n;
+            (self.bucket, self.n) = (b, 0);
+        }
+        self.n += 1;
+    }
+
+    /// Adds the last run to `count`.
+    fn flush(&mut self, count: &mut [usize]) {
+        count[self.bucket] += self.n;
+        self.n = 0;
+    }
+
+    /// The next place of bucket `b`, whose next places are in `count`.
+    #[inline(always)]
+    fn next(&mut self, count: &mut [usize], b: usize) -> usize {
+        if b != self.bucket {
+            count[self.bucket] = self.n;
+            (self.bucket, self.n) = (b, count[b]);
+        }
+        self.n += 1;
+        self.n - 1
+    }
+}
+
 /// Frames per rate level of one rate-level round, in two copies as in `HistDelta`.
 struct RateCounts(Box<[[u64; 256]; 2]>);
 
@@ -144,6 +182,7 @@ impl VmState {
         mut rates: Option<&mut RateCounts>,
     ) {
         let mut count = vec![0usize; (self.frames.len() >> shift) + 2];
+        let mut run = Run::default();
         let mut span = self.spans.first().copied().unwrap_or(Span {
             start: 0,
             end: 0,
@@ -159,20 +198,21 @@ impl VmState {
                 r.0[i % 2][(w >> entry::COUNT_SHIFT) as u8 as usize] += frames;
             }
             match self.bucket(w, &mut span, shift) {
-                Some(b) => count[b] += 1,
+                Some(b) => run.add(&mut count, b),
                 None => st.ignored += 1,
             }
         }
+        run.flush(&mut count);
         let mut at = 0;
         for c in count.iter_mut() {
             (*c, at) = (at, at + *c);
         }
-        out.clear();
+        // Every slot is written below: no need to clear what the last round left.
         out.resize(at, 0);
+        let mut run = Run::default();
         for &w in words {
             if let Some(b) = self.bucket(w, &mut span, shift) {
-                out[count[b]] = w;
-                count[b] += 1;
+                out[run.next(&mut count, b)] = w;
             }
         }
     }
