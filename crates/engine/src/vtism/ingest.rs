@@ -112,12 +112,11 @@ impl VmState {
         self.ingest_with(t, counts, entries, scratch, bucketing)
     }
 
-    /// Frames per bucket, as a shift of the dense index: a bucket's frame states fit a core's L2
-    /// cache, and the buckets are few.
+    /// Guest frames per bucket, as a shift of the frame number: a bucket's frame states fit a
+    /// core's L2 cache, and the buckets are few.
     fn bucket_shift(&self) -> u32 {
-        BUCKET_FRAMES_LOG2.max(
-            (u64::BITS - (self.frames.len() as u64).leading_zeros()).saturating_sub(BUCKETS_LOG2),
-        )
+        let end = self.spans.last().map_or(0, |s| s.end);
+        BUCKET_FRAMES_LOG2.max((u64::BITS - end.leading_zeros()).saturating_sub(BUCKETS_LOG2))
     }
 
     /// `ingest`, with the entries sorted into buckets of `1 << shift` frames first if
@@ -146,9 +145,8 @@ impl VmState {
         let mut words = HintEntry::as_words(entries);
         let bucketed = bucketing.is_some();
         if let Some(shift) = bucketing {
-            // The entries' frames, bucket by bucket: the rates and ignored entries are counted
-            // here, and the loop sees only entries for frames of the VM.
-            self.bucket_entries(words, shift, scratch, &mut st, rate.then_some(&mut rates));
+            // The entries' frames, bucket by bucket; the rates are counted here.
+            self.bucket_entries(words, shift, scratch, rate.then_some(&mut rates));
             words = scratch;
         }
         let loop_rates = (rate && !bucketed).then_some(&mut rates);
@@ -168,26 +166,23 @@ impl VmState {
     }
 
     /// Copies the entries into `out` ordered by bucket (stable), a bucket being `1 << shift`
-    /// frames (`bucket_shift`): the loop then visits each part of the frame array once
-    /// instead of once per level or at random. All the entries touching one frame or one 2 MiB
-    /// unit land in one bucket in their order, so the result is the same. Entries outside the RAM
-    /// map, and 2 MiB entries that are not whole units of it, are counted as ignored and dropped;
-    /// `rates` counts every entry by level.
+    /// guest frames (`bucket_shift`, at least a 2 MiB unit): the loop then visits each part of
+    /// the frame array once instead of once per level or at random. All the entries touching one
+    /// frame or one 2 MiB unit land in one bucket in their order, so the result is the same.
+    /// Entries past the RAM map go to the last bucket, where the loop ignores them as it does
+    /// those in its holes. `rates` counts every entry by level.
     fn bucket_entries(
         &self,
         words: &[u64],
         shift: u32,
         out: &mut Vec<u64>,
-        st: &mut IngestStats,
         mut rates: Option<&mut RateCounts>,
     ) {
-        let mut count = vec![0usize; (self.frames.len() >> shift) + 2];
+        let shift = shift.max(HUGE_FRAMES.trailing_zeros());
+        let last = (self.spans.last().map_or(0, |s| s.end) >> shift) as usize;
+        let bucket = |w: u64| (((w & entry::GFN_MASK) >> shift) as usize).min(last);
+        let mut count = vec![0usize; last + 1];
         let mut run = Run::default();
-        let mut span = self.spans.first().copied().unwrap_or(Span {
-            start: 0,
-            end: 0,
-            first: 0,
-        });
         for (i, &w) in words.iter().enumerate() {
             if let Some(r) = rates.as_deref_mut() {
                 let frames = if w & entry::HUGE_BIT != 0 {
@@ -197,10 +192,7 @@ impl VmState {
                 };
                 r.0[i % 2][(w >> entry::COUNT_SHIFT) as u8 as usize] += frames;
             }
-            match self.bucket(w, &mut span, shift) {
-                Some(b) => run.add(&mut count, b),
-                None => st.ignored += 1,
-            }
+            run.add(&mut count, bucket(w));
         }
         run.flush(&mut count);
         let mut at = 0;
@@ -211,29 +203,8 @@ impl VmState {
         out.resize(at, 0);
         let mut run = Run::default();
         for &w in words {
-            if let Some(b) = self.bucket(w, &mut span, shift) {
-                out[run.next(&mut count, b)] = w;
-            }
+            out[run.next(&mut count, bucket(w))] = w;
         }
-    }
-
-    /// An entry's bucket (`bucket_entries`), `None` when the round ignores it. Keyed by the 2 MiB
-    /// unit's head when the unit is in the RAM map, else by the frame.
-    #[inline(always)]
-    fn bucket(&self, w: u64, span: &mut Span, shift: u32) -> Option<usize> {
-        let gfn = w & entry::GFN_MASK;
-        let idx = self.locate(gfn, span)?;
-        let head = gfn & !(HUGE_FRAMES - 1);
-        let unit_in_range = head >= span.start && head + HUGE_FRAMES <= span.end;
-        if w & entry::HUGE_BIT != 0 && (gfn != head || !unit_in_range) {
-            return None;
-        }
-        let key = if unit_in_range {
-            idx - (gfn - head)
-        } else {
-            idx
-        };
-        Some((key >> shift) as usize)
     }
 
     /// The entry loop. `RATE`: the counts are rate levels, counted per level in `rates`.
