@@ -95,8 +95,29 @@ impl Run {
     }
 }
 
-/// Frames per rate level of one rate-level round, in two copies as in `HistDelta`.
-struct RateCounts(Box<[[u64; 256]; 2]>);
+/// Entries per rate level of one rate-level round, 4 KiB ones and 2 MiB ones apart, in two copies
+/// as in `HistDelta`.
+struct RateCounts(Box<[[u64; 512]; 2]>);
+
+impl RateCounts {
+    fn new() -> Self {
+        RateCounts(Box::new([[0; 512]; 2]))
+    }
+
+    #[inline(always)]
+    fn count(&mut self, lane: usize, w: u64) {
+        const _: () = assert!(entry::HUGE_BIT == 1 << (entry::COUNT_SHIFT + 11));
+        let level = (w >> entry::COUNT_SHIFT) & 0xff;
+        let huge = (w >> (entry::COUNT_SHIFT + 3)) & 0x100;
+        self.0[lane % 2][(level | huge) as usize] += 1;
+    }
+
+    /// Frames at rate level `l`.
+    fn frames(&self, l: usize) -> u64 {
+        let entries = |at: usize| self.0[0][at] + self.0[1][at];
+        entries(l) + entries(256 + l) * HUGE_FRAMES
+    }
+}
 
 impl VmState {
     /// Ingests one round of entries. `scratch` holds a large round's entries sorted by where
@@ -140,7 +161,7 @@ impl VmState {
         self.maintain_slice(t);
         let rh = t.round_hints(self.round, counts);
         let mut delta = HistDelta::new();
-        let mut rates = RateCounts(Box::new([[0; 256]; 2]));
+        let mut rates = RateCounts::new();
         let rate = counts == CountMeaning::RateLevel;
         let mut words = HintEntry::as_words(entries);
         let bucketed = bucketing.is_some();
@@ -153,7 +174,7 @@ impl VmState {
         if rate {
             self.ingest_words::<true>(&rh, words, &mut delta, &mut st, loop_rates);
             for (l, n) in self.rate_frames.iter_mut().enumerate() {
-                *n = rates.0[0][l] + rates.0[1][l];
+                *n = rates.frames(l);
             }
             self.hot_rate_frames = self.rate_frames[t.hot_rate_level as usize..].iter().sum();
         } else {
@@ -185,12 +206,7 @@ impl VmState {
         let mut run = Run::default();
         for (i, &w) in words.iter().enumerate() {
             if let Some(r) = rates.as_deref_mut() {
-                let frames = if w & entry::HUGE_BIT != 0 {
-                    HUGE_FRAMES
-                } else {
-                    1
-                };
-                r.0[i % 2][(w >> entry::COUNT_SHIFT) as u8 as usize] += frames;
+                r.count(i, w);
             }
             run.add(&mut count, bucket(w));
         }
@@ -263,12 +279,7 @@ impl VmState {
         w: u64,
     ) {
         if let (true, Some(r)) = (RATE, rates) {
-            let frames = if w & entry::HUGE_BIT != 0 {
-                HUGE_FRAMES
-            } else {
-                1
-            };
-            r.0[lane % 2][(w >> entry::COUNT_SHIFT) as u8 as usize] += frames;
+            r.count(lane, w);
         }
         // A 2 MiB entry is never in range here.
         let span = c.span;
