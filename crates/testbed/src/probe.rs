@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vtism_host::{qmp::Qmp, sys, vm};
-use vtism_proto::Gfn;
+use vtism_proto::{Gfn, Hva};
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
@@ -100,7 +100,7 @@ impl Console {
 /// The guest's RAM as host addresses, and which entries are the workload's hot and cold frames.
 struct Layout {
     pid: i32,
-    hvas: Vec<u64>,
+    hvas: Vec<Hva>,
     hot: Vec<usize>,
     cold: Vec<usize>,
 }
