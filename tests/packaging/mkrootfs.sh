@@ -66,7 +66,7 @@ mmdebstrap --mode=root --variant=apt --include="${pkgs[*]}" \
 cp "$tree/boot/vmlinuz-$kver" "$out/rootfs-$kver-$key.vmlinuz"
 cp "$tree/boot/initrd.img-$kver" "$out/rootfs-$kver-$key.initrd"
 mb=$(du -sm "$tree" | cut -f1)
-mkfs.ext4 -q -F -L vtism-root -d "$tree" "$img.tmp" "$((mb * 3 / 2 + 1024))M"
+mkfs.ext4 -q -F -L vtism-root -d "$tree" "$img.tmp" "$((mb * 3 / 2 + 1024))M" >&2
 mv "$img.tmp" "$img"
 log "built $img (${mb} MiB of files) in $((SECONDS - t0)) s"
 emit

@@ -26,7 +26,7 @@ eval "$(scripts/guest-kernels.sh 6.12 | grep '^KVER=')"
 log "building the e2e harness (release)"
 nice -n 10 cargo build --release -q -p vtism-host --example e2e-harness >&2
 t=$SECONDS
-eval "$(tests/packaging/mkrootfs.sh "$KVER" build/packaging)"
+eval "$(tests/packaging/mkrootfs.sh "$KVER" build/packaging | grep -E "^(IMAGE|KERNEL|INITRD)=")"
 log "root filesystem ready in $((SECONDS - t)) s: $IMAGE"
 
 out=$(mktemp -d /tmp/vtism-packaging.XXXXXX)
