@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use vtism_proto::layout::{off, MAGIC};
-use vtism_proto::{ChannelWriter, MmapRegion, RoundMeta, SharedRegion, Tracker, WriterConfig};
+use vtism_proto::{
+    ChannelVersion, ChannelWriter, MmapRegion, RoundMeta, SharedRegion, Tracker, WriterConfig,
+};
 
 /// The adaptive interval, as the module computes it: T = (K·Ts + Kb)·Ts + Tbase ms with Ts the
 /// round's cost in ms, in integer arithmetic on µs, then capped by `max_ms` (0 = no cap).
@@ -234,6 +236,8 @@ pub fn run(cfg: &Config) -> Result<()> {
             tracker: Tracker::Damon,
             region_size: None,
             preserve_feedback: true,
+            // Its counts are rounds seen (History), which is v1.0's meaning of `count`.
+            version: ChannelVersion::V1_0,
         },
     )?;
     tracing::info!(bar = %bar.display(), capacity = w.capacity(), "channel initialised");
@@ -310,6 +314,7 @@ pub fn run(cfg: &Config) -> Result<()> {
                     tracked_bytes,
                     hot_frames: out.hot_frames,
                     publish_time_ns: monotonic_ns(),
+                    ..RoundMeta::default()
                 },
             )?;
             rounds += 1;

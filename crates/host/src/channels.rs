@@ -15,7 +15,7 @@ use vtism_engine::VmId;
 use vtism_proto::layout::off;
 use vtism_proto::{
     write_feedback, ChannelReader, Feedback, HintRound, MmapRegion, RamMap, RejectReason,
-    SharedRegion, HOST_VERSION,
+    SharedRegion, TrackerReport, HOST_VERSION,
 };
 
 /// Label of the daemon's own reject reason: a round larger than `channel.max_entries`.
@@ -40,6 +40,10 @@ struct VmChannel {
     last_round: u64,
     last_round_at: Option<Instant>,
     last_entries: u64,
+    /// The channel minor version of the last accepted round (what its counts mean).
+    minor: Option<u16>,
+    /// What the guest's tracker reported with the last accepted round (v1.1 guests).
+    tracker_report: Option<TrackerReport>,
     /// The VM's fast quota, as the guest is told.
     quota_bytes: u64,
 }
@@ -52,6 +56,8 @@ pub struct ChannelStatus {
     pub last_round: u64,
     pub last_round_age_s: Option<f64>,
     pub last_round_entries: u64,
+    pub minor: Option<u16>,
+    pub tracker_report: Option<TrackerReport>,
     pub rounds_accepted: u64,
     /// Every reject reason with its count (zeros included), `over_budget` last.
     pub rejected: Vec<(&'static str, u64)>,
@@ -84,6 +90,8 @@ impl Channels {
             last_round: 0,
             last_round_at: None,
             last_entries: 0,
+            minor: None,
+            tracker_report: None,
             quota_bytes,
         };
         feedback(cfg, &c);
@@ -133,6 +141,8 @@ impl Channels {
                 c.last_round = round.round;
                 c.last_round_at = Some(Instant::now());
                 c.last_entries = round.entries.len() as u64;
+                c.minor = Some(round.version_minor);
+                c.tracker_report = round.tracker_report;
                 Some(round)
             }
             Ok(None) => None,
@@ -180,6 +190,8 @@ impl Channels {
             last_round: c.last_round,
             last_round_age_s: c.last_round_at.map(|t| t.elapsed().as_secs_f64()),
             last_round_entries: c.last_entries,
+            minor: c.minor,
+            tracker_report: c.tracker_report,
             rounds_accepted: counters.accepted(),
             rejected: counters
                 .iter_rejected()

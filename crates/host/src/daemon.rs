@@ -11,7 +11,7 @@ use crate::config::{Config, NotManaged, PoolModeConfig};
 use crate::discovery::{Discovery, Found};
 use crate::metrics::{
     reason_label, DaemonStatus, MoverHistograms, NodeStatus, PerDirection, PoolStatus, Published,
-    QuotaChangeStatus, Status, VmStatus,
+    QuotaChangeStatus, Status, TrackerStatus, VmStatus,
 };
 use crate::mover::{MoveTotals, Mover, MoverGauges, MoverSettings, PerNodeDir};
 use crate::rate::Limits;
@@ -32,7 +32,7 @@ use vtism_engine::{
     Direction, FastPool, Nanos, NodeId, Observation, PlanContext, QuotaChange, Tiering, VmId,
     VmLimits, VmSpec, VtismPolicy,
 };
-use vtism_proto::{CountMeaning, FRAME_SIZE};
+use vtism_proto::FRAME_SIZE;
 
 /// Counters kept across reloads.
 #[derive(Default)]
@@ -484,7 +484,7 @@ impl Daemon {
                 let obs = Observation::Hints {
                     entries: &round.entries,
                     overflow: round.overflow(),
-                    counts: CountMeaning::for_minor(round.version_minor),
+                    counts: round.counts(),
                 };
                 match self.tiering.observe(v.id, obs, now) {
                     Ok(st) if st.ignored > 0 => {
@@ -724,6 +724,8 @@ impl Daemon {
                 last_round: ch.last_round,
                 last_round_age_s: ch.last_round_age_s,
                 last_round_entries: ch.last_round_entries,
+                channel_minor: ch.minor,
+                tracker: ch.tracker_report.map(TrackerStatus::from),
                 rounds_accepted: ch.rounds_accepted,
                 rounds_rejected,
                 rejected: ch.rejected,

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use vtism_engine::{Direction, NodeId, QuotaReason, Tier};
+use vtism_proto::TrackerReport;
 
 /// The daemon's state as `vtism ctl status --json` shows it.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -125,6 +126,12 @@ pub struct VmStatus {
     pub last_round: u64,
     pub last_round_age_s: Option<f64>,
     pub last_round_entries: u64,
+    /// The channel minor version of the last accepted round (what its counts mean).
+    pub channel_minor: Option<u16>,
+    /// What a v1.1 guest's tracker reported with its last round (`tracker_*` in the JSON, null
+    /// for a v1.0 guest).
+    #[serde(flatten, serialize_with = "tracker_fields")]
+    pub tracker: Option<TrackerStatus>,
     pub rounds_accepted: u64,
     pub rounds_rejected: u64,
     /// Rejected rounds by reason (every reason counted; the JSON lists those above zero).
@@ -141,6 +148,51 @@ pub struct VmStatus {
     pub attached_s: f64,
     /// The VM's own move rate limits (0 = none).
     pub move_limit_bytes_per_second: PerDirection,
+}
+
+/// A v1.1 tracker's report: its observation windows and CPU time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrackerStatus {
+    pub window_us: u32,
+    pub coarse_window_us: u32,
+    pub windows: u32,
+    pub cpu_us: u32,
+    pub tracked_frames: u64,
+}
+
+/// The report as `tracker_*` fields of the VM's status, each null without one.
+fn tracker_fields<S: serde::Serializer>(
+    t: &Option<TrackerStatus>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Fields {
+        tracker_window_us: Option<u32>,
+        tracker_coarse_window_us: Option<u32>,
+        tracker_windows: Option<u32>,
+        tracker_cpu_us: Option<u32>,
+        tracker_tracked_frames: Option<u64>,
+    }
+    Fields {
+        tracker_window_us: t.map(|t| t.window_us),
+        tracker_coarse_window_us: t.map(|t| t.coarse_window_us),
+        tracker_windows: t.map(|t| t.windows),
+        tracker_cpu_us: t.map(|t| t.cpu_us),
+        tracker_tracked_frames: t.map(|t| t.tracked_frames),
+    }
+    .serialize(s)
+}
+
+impl From<TrackerReport> for TrackerStatus {
+    fn from(t: TrackerReport) -> TrackerStatus {
+        TrackerStatus {
+            window_us: t.window.0,
+            coarse_window_us: t.coarse_window.0,
+            windows: t.windows,
+            cpu_us: t.tracker_cpu.0,
+            tracked_frames: t.tracked_frames,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -522,6 +574,22 @@ impl VmStatus {
             vm(),
             self.last_round,
         );
+        if let Some(t) = &self.tracker {
+            for (window, us) in [("fine", t.window_us), ("coarse", t.coarse_window_us)] {
+                f.gauge(
+                    "vtism_vm_tracker_window_seconds",
+                    "The guest tracker's observation windows (fine, coarse) at its last round.",
+                    with("window", window),
+                    f64::from(us) / 1e6,
+                );
+            }
+            f.gauge(
+                "vtism_vm_tracker_cpu_seconds",
+                "CPU time the guest tracker reported for its last round.",
+                vm(),
+                f64::from(t.cpu_us) / 1e6,
+            );
+        }
         f.gauge(
             "vtism_vm_channel_up",
             "1 if the VM's channel is mapped.",
@@ -771,6 +839,16 @@ mod tests {
             serde_json::json!({"bad_magic": 2})
         );
         assert_eq!(j["nodes"][0]["id"], 2);
+        // No tracker report (a v1.0 guest): the fields are there, null.
+        assert_eq!(j["vms"][0]["tracker_window_us"], serde_json::Value::Null);
+        assert!(
+            j["vms"][0]
+                .as_object()
+                .unwrap()
+                .contains_key("tracker_cpu_us"),
+            "{j}"
+        );
+        assert!(!t.contains("vtism_vm_tracker_cpu_seconds{"), "{t}");
         assert_eq!(j["pool"]["fast_bytes"], 4 << 20);
     }
 }
