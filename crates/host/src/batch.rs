@@ -266,7 +266,9 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
                 }
                 continue;
             }
-            PageOutcome::OnOtherNode => Some(NodeId(st as u8)),
+            // A node the engine cannot name (above NodeId::MAX) is an unknown placement, not
+            // the node its low byte would alias.
+            PageOutcome::OnOtherNode => u8::try_from(st).ok().map(NodeId),
             PageOutcome::NotPresent => None,
             _ => Some(from),
         };
