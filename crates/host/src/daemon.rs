@@ -16,7 +16,7 @@ use crate::metrics::{
 use crate::mover::{MoveTotals, Mover, MoverGauges, MoverSettings, PerNodeDir};
 use crate::rate::Limits;
 use crate::reconcile::{self, Reconcile};
-use crate::registry::{Registry, Watch};
+use crate::registry::{ManagedVm, Registry, Watch};
 use crate::serve::{self, CtlRequest};
 use crate::sys;
 use crate::topology::HostTopology;
@@ -677,73 +677,98 @@ impl Daemon {
     // Status and metrics.
 
     fn snapshot(&self) -> Status {
+        let vms: Vec<VmStatus> = self
+            .registry
+            .iter()
+            .filter_map(|v| self.vm_status(v))
+            .collect();
+        let pool = self.tiering.pool();
+        let in_pool = self.cfg.pool.mode == PoolModeConfig::Pool;
+        Status {
+            daemon: self.daemon_status(),
+            pool: PoolStatus {
+                mode: self.cfg.pool.mode.label(),
+                fast_bytes: in_pool.then(|| pool.params().fast_bytes),
+                allocated_bytes: pool.allocated_bytes(),
+                rebalance_interval_ms: self.cfg.pool.rebalance_interval_ms,
+            },
+            vms,
+            nodes: self.node_statuses(),
+        }
+    }
+
+    /// A managed VM's row: the engine's view, the pool's, its channel's and its moves.
+    fn vm_status(&self, v: &ManagedVm) -> Option<VmStatus> {
         let now = self.now();
         let engine = self.tiering.engine();
         let pool = self.tiering.pool();
-        let mut node_resident: BTreeMap<NodeId, u64> = BTreeMap::new();
-        let mut vms = Vec::new();
+        let s = engine.summary(v.id).ok()?;
+        let ch = self.channels.status(v.id);
+        let moved = self.moved.vm(v.id);
+        let limits = pool.limits(v.id);
+        let rounds_rejected = ch.rejected.iter().map(|(_, n)| n).sum();
+        Some(VmStatus {
+            id: v.id.0,
+            name: v.name.clone(),
+            pid: v.pid,
+            socket: v.socket.clone(),
+            ram_bytes: v.memory.bytes(),
+            quota_bytes: pool.quota(v.id).unwrap_or(0),
+            fast_bytes: s.fast_frames * FRAME_SIZE,
+            slow_bytes: s.slow_frames * FRAME_SIZE,
+            unknown_bytes: s.unknown_frames * FRAME_SIZE,
+            hot_set_bytes: engine.hot_set_bytes(v.id).unwrap_or(0),
+            planned_hot_bytes: s.last_plan.hot_set_frames * FRAME_SIZE,
+            quota_share_bytes: v.settings.limits.share_bytes,
+            quota_min_bytes: limits.map(|l| l.min_bytes),
+            quota_max_bytes: limits.map(|l| l.max_bytes),
+            shares: limits.map(|l| l.shares),
+            last_quota_change: pool.last_change(v.id).map(|c| QuotaChangeStatus {
+                from_bytes: c.from_bytes,
+                to_bytes: c.to_bytes,
+                hot_set_bytes: c.hot_set_bytes,
+                reason: reason_label(c.reason),
+                age_s: now.saturating_sub(c.at).as_secs_f64(),
+                at_unix_s: self.epoch_unix + c.at.as_secs_f64(),
+            }),
+            quota_changes: self.quota_changes.get(&v.id).cloned().unwrap_or_default(),
+            home_node: v.home,
+            channel: ch.path,
+            channel_problem: ch.problem,
+            last_round: ch.last_round,
+            last_round_age_s: ch.last_round_age_s,
+            last_round_entries: ch.last_round_entries,
+            channel_minor: ch.minor,
+            tracker: ch.tracker_report.map(TrackerStatus::from),
+            rounds_accepted: ch.rounds_accepted,
+            rounds_rejected,
+            rejected: ch.rejected,
+            promoted_bytes: moved.promoted_bytes,
+            demoted_bytes: moved.demoted_bytes,
+            promotions_skipped_frames: moved.trimmed_frames,
+            pages_by_outcome: moved
+                .pages_by_outcome
+                .iter()
+                .map(|(o, c)| (o.label(), *c))
+                .collect(),
+            reconcile_sweeps: self.reconcile.full_sweeps(v.id),
+            attached_s: v.attached.elapsed().as_secs_f64(),
+            move_limit_bytes_per_second: per_second(
+                v.settings.promote_mbps,
+                v.settings.demote_mbps,
+            ),
+        })
+    }
+
+    /// Each node: its place in the topology, free memory, the managed guest RAM on it as the
+    /// engine knows it, and its mover worker's gauges.
+    fn node_statuses(&self) -> Vec<NodeStatus> {
+        let engine = self.tiering.engine();
+        let mut resident: BTreeMap<NodeId, u64> = BTreeMap::new();
         for v in self.registry.iter() {
-            let Ok(s) = engine.summary(v.id) else {
-                continue;
-            };
             for (n, c) in engine.node_frames(v.id).unwrap_or_default() {
-                *node_resident.entry(n).or_default() += c * FRAME_SIZE;
+                *resident.entry(n).or_default() += c * FRAME_SIZE;
             }
-            let ch = self.channels.status(v.id);
-            let moved = self.moved.vm(v.id);
-            let limits = pool.limits(v.id);
-            let rounds_rejected = ch.rejected.iter().map(|(_, n)| n).sum();
-            vms.push(VmStatus {
-                id: v.id.0,
-                name: v.name.clone(),
-                pid: v.pid,
-                socket: v.socket.clone(),
-                ram_bytes: v.memory.bytes(),
-                quota_bytes: pool.quota(v.id).unwrap_or(0),
-                fast_bytes: s.fast_frames * FRAME_SIZE,
-                slow_bytes: s.slow_frames * FRAME_SIZE,
-                unknown_bytes: s.unknown_frames * FRAME_SIZE,
-                hot_set_bytes: engine.hot_set_bytes(v.id).unwrap_or(0),
-                planned_hot_bytes: s.last_plan.hot_set_frames * FRAME_SIZE,
-                quota_share_bytes: v.settings.limits.share_bytes,
-                quota_min_bytes: limits.map(|l| l.min_bytes),
-                quota_max_bytes: limits.map(|l| l.max_bytes),
-                shares: limits.map(|l| l.shares),
-                last_quota_change: pool.last_change(v.id).map(|c| QuotaChangeStatus {
-                    from_bytes: c.from_bytes,
-                    to_bytes: c.to_bytes,
-                    hot_set_bytes: c.hot_set_bytes,
-                    reason: reason_label(c.reason),
-                    age_s: now.saturating_sub(c.at).as_secs_f64(),
-                    at_unix_s: self.epoch_unix + c.at.as_secs_f64(),
-                }),
-                quota_changes: self.quota_changes.get(&v.id).cloned().unwrap_or_default(),
-                home_node: v.home,
-                channel: ch.path,
-                channel_problem: ch.problem,
-                last_round: ch.last_round,
-                last_round_age_s: ch.last_round_age_s,
-                last_round_entries: ch.last_round_entries,
-                channel_minor: ch.minor,
-                tracker: ch.tracker_report.map(TrackerStatus::from),
-                rounds_accepted: ch.rounds_accepted,
-                rounds_rejected,
-                rejected: ch.rejected,
-                promoted_bytes: moved.promoted_bytes,
-                demoted_bytes: moved.demoted_bytes,
-                promotions_skipped_frames: moved.trimmed_frames,
-                pages_by_outcome: moved
-                    .pages_by_outcome
-                    .iter()
-                    .map(|(o, c)| (o.label(), *c))
-                    .collect(),
-                reconcile_sweeps: self.reconcile.full_sweeps(v.id),
-                attached_s: v.attached.elapsed().as_secs_f64(),
-                move_limit_bytes_per_second: per_second(
-                    v.settings.promote_mbps,
-                    v.settings.demote_mbps,
-                ),
-            });
         }
         let free: BTreeMap<NodeId, u64> = self.topo.free_bytes().into_iter().collect();
         let queued = MoverGauges::snapshot(&self.mover.gauges.queued);
@@ -752,8 +777,7 @@ impl Daemon {
             promote: m.get(&(n, Direction::Promote)).copied().unwrap_or(0),
             demote: m.get(&(n, Direction::Demote)).copied().unwrap_or(0),
         };
-        let nodes = self
-            .topo
+        self.topo
             .nodes
             .iter()
             .map(|n| NodeStatus {
@@ -764,48 +788,40 @@ impl Daemon {
                 socket: n.socket,
                 mem_total_bytes: n.mem_total_bytes,
                 free_bytes: free.get(&n.id).copied(),
-                vm_resident_bytes: node_resident.get(&n.id).copied().unwrap_or(0),
+                vm_resident_bytes: resident.get(&n.id).copied().unwrap_or(0),
                 worker_node: n.worker_node,
                 mover_queued_batches: per_dir(&queued, n.id),
                 mover_worker_pages: per_dir(&pages, n.id),
             })
-            .collect();
-        let in_pool = self.cfg.pool.mode == PoolModeConfig::Pool;
-        Status {
-            daemon: DaemonStatus {
-                pid: std::process::id(),
-                uptime_s: self.epoch.elapsed().as_secs_f64(),
-                rounds: self.totals.rounds,
-                plans: self.totals.plans,
-                planned_bytes: self.totals.planned_bytes,
-                cpu_seconds: sys::process_cpu_seconds(),
-                round_cpu_seconds: self.totals.round_cpu_seconds,
-                last_round_seconds: self.totals.last_round_seconds,
-                managed_gib: self
-                    .registry
-                    .iter()
-                    .map(|v| v.memory.bytes() as f64)
-                    .sum::<f64>()
-                    / (1u64 << 30) as f64,
-                mover_busy: self.mover.busy(),
-                mover_jobs: self.mover.gauges.jobs.load(Ordering::Relaxed),
-                vms_dropped: self.registry.dropped,
-                interval_ms: self.cfg.daemon.interval_ms,
-                metrics: self.metrics_addr.map(|a| a.to_string()),
-                engine_memory_bytes: engine.memory_bytes() as u64,
-                move_limit_bytes_per_second: per_second(
-                    self.cfg.mover.promote_mbps,
-                    self.cfg.mover.demote_mbps,
-                ),
-            },
-            pool: PoolStatus {
-                mode: self.cfg.pool.mode.label(),
-                fast_bytes: in_pool.then(|| pool.params().fast_bytes),
-                allocated_bytes: pool.allocated_bytes(),
-                rebalance_interval_ms: self.cfg.pool.rebalance_interval_ms,
-            },
-            vms,
-            nodes,
+            .collect()
+    }
+
+    fn daemon_status(&self) -> DaemonStatus {
+        DaemonStatus {
+            pid: std::process::id(),
+            uptime_s: self.epoch.elapsed().as_secs_f64(),
+            rounds: self.totals.rounds,
+            plans: self.totals.plans,
+            planned_bytes: self.totals.planned_bytes,
+            cpu_seconds: sys::process_cpu_seconds(),
+            round_cpu_seconds: self.totals.round_cpu_seconds,
+            last_round_seconds: self.totals.last_round_seconds,
+            managed_gib: self
+                .registry
+                .iter()
+                .map(|v| v.memory.bytes() as f64)
+                .sum::<f64>()
+                / (1u64 << 30) as f64,
+            mover_busy: self.mover.busy(),
+            mover_jobs: self.mover.gauges.jobs.load(Ordering::Relaxed),
+            vms_dropped: self.registry.dropped,
+            interval_ms: self.cfg.daemon.interval_ms,
+            metrics: self.metrics_addr.map(|a| a.to_string()),
+            engine_memory_bytes: self.tiering.engine().memory_bytes() as u64,
+            move_limit_bytes_per_second: per_second(
+                self.cfg.mover.promote_mbps,
+                self.cfg.mover.demote_mbps,
+            ),
         }
     }
 }
