@@ -6,8 +6,8 @@ CARGO ?= cargo
 RELEASE_BIN := target/release/vtism
 
 .PHONY: all deps deps-test deps-demo build build-release demo test test-rust test-c test-module \
-	test-guest-e2e test-damon-e2e test-host-e2e test-testbed demo-engine lint bench fuzz clean help \
-	deps-deb deb test-packaging
+	test-guest-e2e test-damon-e2e test-host-e2e test-testbed bakeoff test-bakeoff-smoke demo-engine lint \
+	bench fuzz clean help deps-deb deb test-packaging
 
 all: build
 
@@ -15,6 +15,7 @@ help:
 	@echo "make demo   run vtism's main job (see README)"
 	@echo "make test   run every test (what CI runs)"
 	@echo "make bench  run the criterion benchmarks (figures go to docs/performance.md)"
+	@echo "make bakeoff  vtism against the kernel's tiering and DAMON tiering (docs/bakeoff.md, 2-4 h)"
 	@echo "make fuzz   fuzz the channel reader (scripts/fuzz-channel.sh)"
 
 deps:
@@ -75,6 +76,16 @@ test-damon-e2e:
 # The full stack in the emulated DRAM+CXL host, smaller sizes, asserting from sampled placement.
 test-testbed: build-release
 	$(RELEASE_BIN) testbed --profile test --check
+
+# vtism against the kernel's own tiering (AutoNUMA, memory tiering) and DAMON tiering in the
+# emulated host, same guest, same workloads; regenerates docs/bakeoff.md, docs/bakeoff/results.json
+# and the plots. Takes two to four hours on 2 cores (docs/bakeoff.md says how long its run took).
+bakeoff: deps-demo build-release
+	$(RELEASE_BIN) bakeoff
+
+# The bake-off's smoke version: gups-hotset under the kernel's tiering and vtism with the module.
+test-bakeoff-smoke: build-release
+	$(RELEASE_BIN) bakeoff --smoke --check
 
 # vtismd in an emulated 3-node host managing nested QEMUs.
 test-host-e2e:

@@ -29,8 +29,9 @@ case $profile in
 # packaging test's root filesystem. Kernel images and headers come from
 # scripts/guest-kernels.sh (extracted under build/, never installed), which the tests call.
 test) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 pahole mmdebstrap) ;;
-# The testbed: the same emulated host and nested guest as the tests.
-demo) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 pahole) ;;
+# The testbed: the same emulated host and nested guest as the tests; xz-utils unpacks the QEMU
+# source the bake-off takes its plugin header from.
+demo) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 pahole xz-utils) ;;
 esac
 want=("${base[@]}" "${extra[@]}")
 

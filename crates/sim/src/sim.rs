@@ -324,9 +324,15 @@ pub fn run(
         let w = &workloads[i];
         let units = setup.units[i];
         let quota_units = (world.quotas[i] / cfg.unit_bytes) as usize;
-        // First touch: the first `quota` units in touch order land in fast memory.
+        // First touch: the first `quota` units in touch order land in fast memory (none for a
+        // VM that starts on the slow tier).
         let mut fast = vec![0u32; units];
-        for &u in w.touch_order(cfg.unit_bytes).iter().take(quota_units) {
+        let first_fast = if w.starts_on_slow() && !pr.all_fast {
+            0
+        } else {
+            quota_units
+        };
+        for &u in w.touch_order(cfg.unit_bytes).iter().take(first_fast) {
             fast[u as usize] = fpu as u32;
         }
         // Tell the policy, in runs.

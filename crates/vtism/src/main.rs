@@ -38,6 +38,8 @@ enum Cmd {
     Sim(vtism_sim::cli::SimCommand),
     /// Boot an emulated DRAM+CXL host and run the whole stack in it (what `make demo` runs).
     Testbed(vtism_testbed::cli::TestbedArgs),
+    /// Run vtism against the kernel's own tiering and DAMON tiering in the emulated host.
+    Bakeoff(vtism_bakeoff::cli::BakeoffArgs),
     /// Run the tiering engine on a built-in synthetic workload and show every decision.
     Demo(demo::DemoArgs),
 }
@@ -89,6 +91,7 @@ fn main() -> ExitCode {
         Cmd::Guest(a) => vtism_guest::cli::guest_main(a),
         Cmd::Sim(c) => vtism_sim::cli::sim_main(c),
         Cmd::Testbed(a) => vtism_testbed::cli::testbed_main(a),
+        Cmd::Bakeoff(a) => vtism_bakeoff::cli::bakeoff_main(a),
         Cmd::Demo(a) => demo::run(a),
     };
     match res {
