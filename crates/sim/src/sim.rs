@@ -15,7 +15,8 @@ use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use vtism_engine::{
-    Move, MoveKind, Nanos, NodeId, NodeSpec, PlanContext, Policy, Tier, Topology, VmId, VmSpec,
+    coalesce, Move, MoveKind, Nanos, NodeId, NodeSpec, PlacementRun, PlanContext, Policy, Tier,
+    Topology, VmId, VmSpec,
 };
 use vtism_proto::{Gfn, RamMap, FRAME_SIZE};
 
@@ -335,20 +336,14 @@ pub fn run(
             fast[u as usize] = fpu as u32;
         }
         // Tell the policy, in runs.
-        let mut s = 0;
-        while s < units {
-            let on = fast[s] > 0;
-            let mut e = s + 1;
-            while e < units && (fast[e] > 0) == on {
-                e += 1;
-            }
-            pr.policy.set_placement(
-                spec.id,
-                Gfn(s as u64 * fpu),
-                (e - s) as u64 * fpu,
-                Some(if on { FAST } else { SLOW }),
-            )?;
-            s = e;
+        let units_placed = fast.iter().enumerate().map(|(u, &f)| PlacementRun {
+            vm: spec.id,
+            gfn: Gfn(u as u64 * fpu),
+            frames: fpu,
+            node: Some(if f > 0 { FAST } else { SLOW }),
+        });
+        for r in coalesce(units_placed, |_| true) {
+            pr.policy.set_placement(r.vm, r.gfn, r.frames, r.node)?;
         }
         let phase = w.phase(0.0);
         vms.push(VmState {

@@ -6,7 +6,7 @@ use anyhow::Context;
 use std::path::Path;
 use std::time::Duration;
 use vtism_host::{qmp::Qmp, sys, vm};
-use vtism_proto::Gfn;
+use vtism_proto::{Gfn, Hva};
 
 /// move_pages(2) takes at most this many pages per call here (the kernel batches internally).
 const CHUNK: usize = 65536;
@@ -15,7 +15,7 @@ const CHUNK: usize = 65536;
 pub struct GuestRam {
     /// The nested QEMU's pid.
     pub pid: i32,
-    hvas: Vec<u64>,
+    hvas: Vec<Hva>,
     ram: vtism_proto::RamMap,
 }
 
