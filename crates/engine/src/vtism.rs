@@ -188,8 +188,8 @@ pub struct VtismPolicy {
     slow_order: Vec<Vec<NodeId>>,
     hist_fast: Vec<u64>,
     hist_slow: Vec<u64>,
-    /// A large hint round's entries sorted by where their frames are, packed (`ingest`).
-    ingest_scratch: Vec<u32>,
+    /// A large hint round's entries sorted by where their frames are.
+    ingest_scratch: Vec<u64>,
 }
 
 impl VtismPolicy {
@@ -379,8 +379,10 @@ impl VtismPolicy {
             })
             .sum();
         frames
-            + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
-            + self.ingest_scratch.capacity() * 4
+            + (self.hist_fast.capacity()
+                + self.hist_slow.capacity()
+                + self.ingest_scratch.capacity())
+                * 8
     }
 
     /// Free frames per node for this plan: observed, or capacity minus what our VMs hold.

@@ -20,11 +20,6 @@ const BUCKETED_MIN: usize = 1 << 16;
 const BUCKET_FRAMES_LOG2: u32 = 15;
 /// ... and buckets at most, so that the sort's write streams stay few.
 const BUCKETS_LOG2: u32 = 10;
-/// A bucketed entry is packed in a `u32`: its frame's offset in the bucket in the low bits, and
-/// above them the entry's hint bits and 2 MiB bit (bits 40-51), all the loop needs. Buckets of
-/// more frames (VMs above 4 TiB) are not bucketed.
-const OFFSET_BITS: u32 = 20;
-const _: () = assert!(entry::HUGE_BIT >> entry::COUNT_SHIFT < 1 << (32 - OFFSET_BITS));
 
 /// Cells of a level-histogram delta: `slot * 4 + class` as in `VmState::hist`, and one for frames
 /// whose node is unknown (they are not counted). A power of two, so indexes need no bounds check.
@@ -98,25 +93,6 @@ impl Run {
         self.n += 1;
         self.n - 1
     }
-
-    /// Stores the last run's next place in `count`.
-    fn stop(&mut self, count: &mut [usize]) {
-        count[self.bucket] = self.n;
-    }
-}
-
-/// An entry packed for its bucket (`OFFSET_BITS`).
-#[inline(always)]
-fn pack(w: u64, shift: u32) -> u32 {
-    let offset = (w & ((1 << shift) - 1)) as u32;
-    offset | (((w >> entry::COUNT_SHIFT) as u32) << OFFSET_BITS)
-}
-
-/// The entry word of packed entry `p` of the bucket starting at guest frame `base`, with the
-/// bits the loop reads.
-#[inline(always)]
-fn unpack(p: u32, base: u64) -> u64 {
-    base | (p & ((1 << OFFSET_BITS) - 1)) as u64 | ((p >> OFFSET_BITS) as u64) << entry::COUNT_SHIFT
 }
 
 /// Entries per rate level of one rate-level round, 4 KiB ones and 2 MiB ones apart, in two copies
@@ -151,10 +127,9 @@ impl VmState {
         t: &Tables,
         counts: CountMeaning,
         entries: &[HintEntry],
-        scratch: &mut Vec<u32>,
+        scratch: &mut Vec<u64>,
     ) -> IngestStats {
-        let shift = self.bucket_shift();
-        let bucketing = (entries.len() >= BUCKETED_MIN && shift <= OFFSET_BITS).then_some(shift);
+        let bucketing = (entries.len() >= BUCKETED_MIN).then(|| self.bucket_shift());
         self.ingest_with(t, counts, entries, scratch, bucketing)
     }
 
@@ -172,7 +147,7 @@ impl VmState {
         t: &Tables,
         counts: CountMeaning,
         entries: &[HintEntry],
-        scratch: &mut Vec<u32>,
+        scratch: &mut Vec<u64>,
         bucketing: Option<u32>,
     ) -> IngestStats {
         let mut st = IngestStats {
@@ -188,29 +163,22 @@ impl VmState {
         let mut delta = HistDelta::new();
         let mut rates = RateCounts::new();
         let rate = counts == CountMeaning::RateLevel;
-        let words = HintEntry::as_words(entries);
+        let mut words = HintEntry::as_words(entries);
+        let bucketed = bucketing.is_some();
         if let Some(shift) = bucketing {
-            // The entries, bucket by bucket; the rates are counted here.
-            let shift = shift.max(HUGE_FRAMES.trailing_zeros());
-            let ends = self.bucket_entries(words, shift, scratch, rate.then_some(&mut rates));
-            // The last bucket holds the entries past the RAM map.
-            let (&past, ends) = ends.split_last().expect("a bucket past the map");
-            st.ignored += (past - ends.last().copied().unwrap_or(0)) as u64;
-            if rate {
-                self.ingest_buckets::<true>(&rh, scratch, ends, shift, &mut delta, &mut st);
-            } else {
-                self.ingest_buckets::<false>(&rh, scratch, ends, shift, &mut delta, &mut st);
-            }
-        } else if rate {
-            self.ingest_words::<true>(&rh, words, &mut delta, &mut st, Some(&mut rates));
-        } else {
-            self.ingest_words::<false>(&rh, words, &mut delta, &mut st, None);
+            // The entries' frames, bucket by bucket; the rates are counted here.
+            self.bucket_entries(words, shift, scratch, rate.then_some(&mut rates));
+            words = scratch;
         }
+        let loop_rates = (rate && !bucketed).then_some(&mut rates);
         if rate {
+            self.ingest_words::<true>(&rh, words, &mut delta, &mut st, loop_rates);
             for (l, n) in self.rate_frames.iter_mut().enumerate() {
                 *n = rates.frames(l);
             }
             self.hot_rate_frames = self.rate_frames[t.hot_rate_level as usize..].iter().sum();
+        } else {
+            self.ingest_words::<false>(&rh, words, &mut delta, &mut st, None);
         }
         self.add_to_histogram(&delta);
         st.applied = st.entries - st.ignored;
@@ -218,22 +186,23 @@ impl VmState {
         st
     }
 
-    /// Copies the entries into `out` ordered by bucket (stable) and packed (`pack`), a bucket
-    /// being `1 << shift` guest frames (`bucket_shift`, at least a 2 MiB unit): the loop then
-    /// visits each part of the frame array once instead of once per level or at random. All the
-    /// entries touching one frame or one 2 MiB unit land in one bucket in their order, so the
-    /// result is the same. Entries wholly past the RAM map go to an extra last bucket, which the
-    /// loop skips. `rates` counts every entry by level. Returns where each bucket ends.
+    /// Copies the entries into `out` ordered by bucket (stable), a bucket being `1 << shift`
+    /// guest frames (`bucket_shift`, at least a 2 MiB unit): the loop then visits each part of
+    /// the frame array once instead of once per level or at random. All the entries touching one
+    /// frame or one 2 MiB unit land in one bucket in their order, so the result is the same.
+    /// Entries past the RAM map go to the last bucket, where the loop ignores them as it does
+    /// those in its holes. `rates` counts every entry by level.
     fn bucket_entries(
         &self,
         words: &[u64],
         shift: u32,
-        out: &mut Vec<u32>,
+        out: &mut Vec<u64>,
         mut rates: Option<&mut RateCounts>,
-    ) -> Vec<usize> {
-        let past = (self.spans.last().map_or(0, |s| s.end) >> shift) as usize + 1;
-        let bucket = |w: u64| (((w & entry::GFN_MASK) >> shift) as usize).min(past);
-        let mut count = vec![0usize; past + 1];
+    ) {
+        let shift = shift.max(HUGE_FRAMES.trailing_zeros());
+        let last = (self.spans.last().map_or(0, |s| s.end) >> shift) as usize;
+        let bucket = |w: u64| (((w & entry::GFN_MASK) >> shift) as usize).min(last);
+        let mut count = vec![0usize; last + 1];
         let mut run = Run::default();
         for (i, &w) in words.iter().enumerate() {
             if let Some(r) = rates.as_deref_mut() {
@@ -250,70 +219,7 @@ impl VmState {
         out.resize(at, 0);
         let mut run = Run::default();
         for &w in words {
-            out[run.next(&mut count, bucket(w))] = pack(w, shift);
-        }
-        run.stop(&mut count);
-        count
-    }
-
-    /// The entry loop over bucketed entries (`bucket_entries`): bucket `b` of `1 << shift`
-    /// frames ends at `ends[b]`.
-    fn ingest_buckets<const RATE: bool>(
-        &mut self,
-        rh: &RoundHints<'_>,
-        packed: &[u32],
-        ends: &[usize],
-        shift: u32,
-        delta: &mut HistDelta,
-        st: &mut IngestStats,
-    ) {
-        let mut c = self.cursor();
-        let n = ends.last().copied().unwrap_or(0);
-        // The bucket of the entry `PREFETCH_AHEAD` places on when that is a later bucket.
-        let mut ahead_b = 0;
-        let mut start = 0;
-        for (b, &end) in ends.iter().enumerate() {
-            let base = (b as u64) << shift;
-            let mut ahead = |a: usize| {
-                if a < end {
-                    return unpack(packed[a], base);
-                }
-                if a >= n {
-                    return 0;
-                }
-                while a >= ends[ahead_b] {
-                    ahead_b += 1;
-                }
-                unpack(packed[a], (ahead_b as u64) << shift)
-            };
-            let mut i = start;
-            while i + 1 < end {
-                let a = ahead(i + PREFETCH_AHEAD);
-                prefetch_read(c.prefetch_base.wrapping_add((a & entry::GFN_MASK) as usize));
-                self.step::<RATE>(rh, &mut c, delta, st, None, 0, unpack(packed[i], base));
-                let a = ahead(i + 1 + PREFETCH_AHEAD);
-                prefetch_read(c.prefetch_base.wrapping_add((a & entry::GFN_MASK) as usize));
-                self.step::<RATE>(rh, &mut c, delta, st, None, 1, unpack(packed[i + 1], base));
-                i += 2;
-            }
-            if i < end {
-                self.step::<RATE>(rh, &mut c, delta, st, None, 0, unpack(packed[i], base));
-            }
-            start = end;
-        }
-    }
-
-    /// A cursor at the first RAM range.
-    fn cursor(&self) -> Cursor {
-        let span = self.spans.first().copied().unwrap_or(Span {
-            start: 0,
-            end: 0,
-            first: 0,
-        });
-        Cursor {
-            classes: self.cell_classes(),
-            span,
-            prefetch_base: prefetch_base(&self.frames, span),
+            out[run.next(&mut count, bucket(w))] = w;
         }
     }
 
@@ -326,7 +232,16 @@ impl VmState {
         st: &mut IngestStats,
         mut rates: Option<&mut RateCounts>,
     ) {
-        let mut c = self.cursor();
+        let span = self.spans.first().copied().unwrap_or(Span {
+            start: 0,
+            end: 0,
+            first: 0,
+        });
+        let mut c = Cursor {
+            classes: self.cell_classes(),
+            span,
+            prefetch_base: prefetch_base(&self.frames, span),
+        };
         // Pairs of entries, the first on lane 0 and the second on lane 1 of the delta; the last
         // `PREFETCH_AHEAD` (and an odd one) without prefetching.
         let split = words.len().saturating_sub(PREFETCH_AHEAD) & !1;
