@@ -48,8 +48,6 @@ struct VmState {
     rate_frames: Box<[u64; 256]>,
     /// Next frame the rolling maintenance visits.
     maint_cursor: usize,
-    /// Entries per bucket of the last bucketed hint round: room for the next one's.
-    bucket_sizes: Vec<u32>,
     /// Frames (with a known node) per absolute level slot, `RING` is cold; per class
     /// `fast * 2 + file`. Changes only when a frame is hinted or moved, and when a round passes
     /// (the oldest slots turn cold): planning reads it instead of visiting every frame.
@@ -377,7 +375,6 @@ impl VtismPolicy {
                     + v.huge_map.capacity() * 8
                     + v.spans.capacity() * std::mem::size_of::<Span>()
                     + v.hist.capacity() * 32
-                    + v.bucket_sizes.capacity() * 4
                     + std::mem::size_of::<VmState>()
             })
             .sum();
@@ -894,7 +891,6 @@ impl Policy for VtismPolicy {
             hot_rate_frames: 0,
             rate_frames: Box::new([0; 256]),
             maint_cursor: 0,
-            bucket_sizes: Vec::new(),
             hist: vec![[0; 4]; RING + 1],
             is_fast: self.is_fast,
             node_frames: [0; NODES],

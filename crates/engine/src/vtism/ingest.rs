@@ -57,6 +57,44 @@ struct Cursor {
     prefetch_base: *const FrameState,
 }
 
+/// A run of consecutive entries in one bucket, counted in a register: entries come in runs
+/// (a guest publishes frames of one level in address order), and a counter in memory would make
+/// each entry wait for the one before.
+#[derive(Default)]
+struct Run {
+    bucket: usize,
+    n: usize,
+}
+
+impl Run {
+    /// Counts an entry of bucket `b`, adding the run before to `count` when `b` starts a new one.
+    #[inline(always)]
+    fn add(&mut self, count: &mut [usize], b: usize) {
+        if b != self.bucket {
+            count[self.bucket] += self.n;
+            (self.bucket, self.n) = (b, 0);
+        }
+        self.n += 1;
+    }
+
+    /// Adds the last run to `count`.
+    fn flush(&mut self, count: &mut [usize]) {
+        count[self.bucket] += self.n;
+        self.n = 0;
+    }
+
+    /// The next place of bucket `b`, whose next places are in `count`.
+    #[inline(always)]
+    fn next(&mut self, count: &mut [usize], b: usize) -> usize {
+        if b != self.bucket {
+            count[self.bucket] = self.n;
+            (self.bucket, self.n) = (b, count[b]);
+        }
+        self.n += 1;
+        self.n - 1
+    }
+}
+
 /// Entries per rate level of one rate-level round, 4 KiB ones and 2 MiB ones apart, in two copies
 /// as in `HistDelta`.
 struct RateCounts(Box<[[u64; 512]; 2]>);
@@ -125,25 +163,22 @@ impl VmState {
         let mut delta = HistDelta::new();
         let mut rates = RateCounts::new();
         let rate = counts == CountMeaning::RateLevel;
-        let words = HintEntry::as_words(entries);
+        let mut words = HintEntry::as_words(entries);
+        let bucketed = bucketing.is_some();
         if let Some(shift) = bucketing {
-            // The entries, bucket by bucket; the rates are counted here.
-            let segments = self.bucket_entries(words, shift, scratch, rate.then_some(&mut rates));
-            if rate {
-                self.ingest_segments::<true>(&rh, scratch, &segments, &mut delta, &mut st);
-            } else {
-                self.ingest_segments::<false>(&rh, scratch, &segments, &mut delta, &mut st);
-            }
-        } else if rate {
-            self.ingest_words::<true>(&rh, words, &mut delta, &mut st, Some(&mut rates));
-        } else {
-            self.ingest_words::<false>(&rh, words, &mut delta, &mut st, None);
+            // The entries' frames, bucket by bucket; the rates are counted here.
+            self.bucket_entries(words, shift, scratch, rate.then_some(&mut rates));
+            words = scratch;
         }
+        let loop_rates = (rate && !bucketed).then_some(&mut rates);
         if rate {
+            self.ingest_words::<true>(&rh, words, &mut delta, &mut st, loop_rates);
             for (l, n) in self.rate_frames.iter_mut().enumerate() {
                 *n = rates.frames(l);
             }
             self.hot_rate_frames = self.rate_frames[t.hot_rate_level as usize..].iter().sum();
+        } else {
+            self.ingest_words::<false>(&rh, words, &mut delta, &mut st, None);
         }
         self.add_to_histogram(&delta);
         st.applied = st.entries - st.ignored;
@@ -151,155 +186,40 @@ impl VmState {
         st
     }
 
-    /// Copies the entries into `out` grouped by bucket (stable), a bucket being `1 << shift`
+    /// Copies the entries into `out` ordered by bucket (stable), a bucket being `1 << shift`
     /// guest frames (`bucket_shift`, at least a 2 MiB unit): the loop then visits each part of
     /// the frame array once instead of once per level or at random. All the entries touching one
     /// frame or one 2 MiB unit land in one bucket in their order, so the result is the same.
     /// Entries past the RAM map go to the last bucket, where the loop ignores them as it does
     /// those in its holes. `rates` counts every entry by level.
-    ///
-    /// One pass over the entries: each bucket has room for a little more than it held in the
-    /// last round (`bucket_sizes`), and what does not fit is sorted after them, bucket by bucket.
-    /// Returns the parts of `out` to visit in order: each bucket's, then its overflow's.
     fn bucket_entries(
-        &mut self,
+        &self,
         words: &[u64],
         shift: u32,
         out: &mut Vec<u64>,
         mut rates: Option<&mut RateCounts>,
-    ) -> Vec<(usize, usize)> {
+    ) {
         let shift = shift.max(HUGE_FRAMES.trailing_zeros());
         let last = (self.spans.last().map_or(0, |s| s.end) >> shift) as usize;
         let bucket = |w: u64| (((w & entry::GFN_MASK) >> shift) as usize).min(last);
-        let sizes = &mut self.bucket_sizes;
-        sizes.resize(last + 1, 0);
-        // Where each bucket starts, and past the last one, its room's end.
-        let mut start = Vec::with_capacity(last + 2);
-        let mut at = 0;
-        for &n in sizes.iter() {
-            start.push(at);
-            at += n as usize + n as usize / 8 + 16;
-        }
-        start.push(at);
-        // Every slot read later is written below: no need to clear what the last round left.
-        out.resize(at, 0);
-        let mut next = start.clone();
-        let mut overflow = Vec::new();
-        // The current bucket's next place and room's end, in registers: entries come in runs
-        // (a guest publishes frames of one level in address order).
-        let (mut b, mut pos, mut end) = (0, start[0], start[1]);
+        let mut count = vec![0usize; last + 1];
+        let mut run = Run::default();
         for (i, &w) in words.iter().enumerate() {
             if let Some(r) = rates.as_deref_mut() {
                 r.count(i, w);
             }
-            let wb = bucket(w);
-            if wb != b {
-                next[b] = pos;
-                (b, pos, end) = (wb, next[wb], start[wb + 1]);
-            }
-            if pos < end {
-                out[pos] = w;
-                pos += 1;
-            } else {
-                overflow.push(w);
-            }
+            run.add(&mut count, bucket(w));
         }
-        next[b] = pos;
-        for (k, n) in sizes.iter_mut().enumerate() {
-            *n = (next[k] - start[k]) as u32;
+        run.flush(&mut count);
+        let mut at = 0;
+        for c in count.iter_mut() {
+            (*c, at) = (at, at + *c);
         }
-        // The overflow, sorted by bucket after the rest (a stable counting sort).
-        let mut spilled = vec![0usize; last + 2];
-        for &w in &overflow {
-            spilled[bucket(w) + 1] += 1;
-        }
-        for k in 0..=last {
-            sizes[k] += spilled[k + 1] as u32;
-            spilled[k + 1] += spilled[k];
-        }
-        let base = out.len();
-        out.resize(base + overflow.len(), 0);
-        let mut place: Vec<usize> = spilled.iter().map(|&s| base + s).collect();
-        for &w in &overflow {
-            let k = bucket(w);
-            out[place[k]] = w;
-            place[k] += 1;
-        }
-        let mut segments = Vec::with_capacity(2 * (last + 1));
-        for k in 0..=last {
-            segments.push((start[k], next[k]));
-            if spilled[k + 1] > spilled[k] {
-                segments.push((base + spilled[k], base + spilled[k + 1]));
-            }
-        }
-        segments
-    }
-
-    /// The entry loop over the parts `segments` of `words`, in order.
-    fn ingest_segments<const RATE: bool>(
-        &mut self,
-        rh: &RoundHints<'_>,
-        words: &[u64],
-        segments: &[(usize, usize)],
-        delta: &mut HistDelta,
-        st: &mut IngestStats,
-    ) {
-        if words.is_empty() {
-            return;
-        }
-        let mut c = self.cursor();
-        // Where prefetching is, `PREFETCH_AHEAD` entries on: entry `a` of `segments[sa]`,
-        // which ends at `ae`; past the last segment it goes round all the words (harmlessly).
-        let last = segments.len();
-        let part = |k: usize| segments.get(k).copied().unwrap_or((0, words.len()));
-        let (mut sa, mut a, mut ae) = (0, part(0).0, part(0).1);
-        let advance = |sa: &mut usize, a: &mut usize, ae: &mut usize| {
-            *a += 1;
-            while *a >= *ae {
-                *sa = (*sa + 1).min(last);
-                (*a, *ae) = part(*sa);
-            }
-        };
-        // Start `a` on the first entry at all, then `PREFETCH_AHEAD` on.
-        a = a.wrapping_sub(1);
-        advance(&mut sa, &mut a, &mut ae);
-        for _ in 0..PREFETCH_AHEAD {
-            advance(&mut sa, &mut a, &mut ae);
-        }
-        for &(s, e) in segments {
-            let (pairs, odd) = words[s..e].split_at((e - s) & !1);
-            for w in pairs.chunks_exact(2) {
-                prefetch_read(
-                    c.prefetch_base
-                        .wrapping_add((words[a] & entry::GFN_MASK) as usize),
-                );
-                advance(&mut sa, &mut a, &mut ae);
-                self.step::<RATE>(rh, &mut c, delta, st, None, 0, w[0]);
-                prefetch_read(
-                    c.prefetch_base
-                        .wrapping_add((words[a] & entry::GFN_MASK) as usize),
-                );
-                advance(&mut sa, &mut a, &mut ae);
-                self.step::<RATE>(rh, &mut c, delta, st, None, 1, w[1]);
-            }
-            for &w in odd {
-                advance(&mut sa, &mut a, &mut ae);
-                self.step::<RATE>(rh, &mut c, delta, st, None, 0, w);
-            }
-        }
-    }
-
-    /// A cursor at the first RAM range.
-    fn cursor(&self) -> Cursor {
-        let span = self.spans.first().copied().unwrap_or(Span {
-            start: 0,
-            end: 0,
-            first: 0,
-        });
-        Cursor {
-            classes: self.cell_classes(),
-            span,
-            prefetch_base: prefetch_base(&self.frames, span),
+        // Every slot is written below: no need to clear what the last round left.
+        out.resize(at, 0);
+        let mut run = Run::default();
+        for &w in words {
+            out[run.next(&mut count, bucket(w))] = w;
         }
     }
 
@@ -312,7 +232,16 @@ impl VmState {
         st: &mut IngestStats,
         mut rates: Option<&mut RateCounts>,
     ) {
-        let mut c = self.cursor();
+        let span = self.spans.first().copied().unwrap_or(Span {
+            start: 0,
+            end: 0,
+            first: 0,
+        });
+        let mut c = Cursor {
+            classes: self.cell_classes(),
+            span,
+            prefetch_base: prefetch_base(&self.frames, span),
+        };
         // Pairs of entries, the first on lane 0 and the second on lane 1 of the delta; the last
         // `PREFETCH_AHEAD` (and an odd one) without prefetching.
         let split = words.len().saturating_sub(PREFETCH_AHEAD) & !1;
