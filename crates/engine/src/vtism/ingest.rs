@@ -659,7 +659,9 @@ mod tests {
         let mut out = Vec::new();
         let len = 50 + rng.below(3000);
         while (out.len() as u64) < len {
-            let gfn = rng.below(22_000);
+            // Now and then far past the map (a guest's hints are not trusted).
+            let past = rng.chance(0.02);
+            let gfn = rng.below(if past { 1 << 20 } else { 22_000 });
             let entry = |rng: &mut Rng, gfn: u64, huge: bool| {
                 HintEntry::new(
                     Gfn(gfn),
