@@ -68,11 +68,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub control_s: Option<u64>,
     /// The workload's shape: seconds between two round-robin touches of one cold page (the
-    /// profiles' 60; 0 = none).
+    /// profiles' 2; 0 = none).
     #[arg(long, value_name = "S")]
     pub cold_period: Option<u64>,
     /// The workload's shape: share of the GUPS updates spread uniformly over the whole region,
-    /// as in HeMem's GUPS (0 to below 1; default 0: every update goes to the hot set).
+    /// as in HeMem's GUPS (0 to below 1; the profiles' 0.1, as HeMem's; 0: every update goes
+    /// to the hot set).
     #[arg(long, value_name = "F")]
     pub uniform_share: Option<f64>,
     /// The workload's shape: the hot set moves to the middle of the region this many seconds

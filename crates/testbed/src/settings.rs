@@ -60,9 +60,11 @@ impl Settings {
                 guest_mib: 256,
                 work_mib: 96,
                 hot_mib: 16,
-                cold_period_s: 60,
-                uniform_share: 0.0,
-                move_after_s: 0,
+                // HeMem's GUPS: a tenth of the updates spread over the whole region, every page
+                // touched within seconds (a warm background), and a hot set that moves.
+                cold_period_s: 2,
+                uniform_share: 0.1,
+                move_after_s: 90,
                 quota_mib: 20,
                 control_s: 30,
                 track_limit_s: 300,
@@ -234,21 +236,24 @@ mod tests {
             assert_eq!(Settings::from_env(&text).unwrap(), s);
         }
         let mut s = Settings::for_profile(Profile::Test);
-        s.uniform_share = 0.1;
+        s.uniform_share = 0.2;
         s.move_after_s = 120;
-        s.cold_period_s = 2;
+        s.cold_period_s = 5;
         s.validate().unwrap();
         assert_eq!(Settings::from_env(&s.to_env(&[])).unwrap(), s);
         assert_eq!(
             s.gups_args(),
-            "--mib+96+--hot-mib+16+--cold-period+2+--uniform-share+0.1+--move-after+120"
+            "--mib+96+--hot-mib+16+--cold-period+5+--uniform-share+0.2+--move-after+120"
         );
     }
 
     #[test]
-    fn the_default_workload_is_unchanged() {
+    fn the_default_workload_is_warm_and_moves() {
         let s = Settings::for_profile(Profile::Test);
-        assert_eq!(s.gups_args(), "--mib+96+--hot-mib+16+--cold-period+60");
+        assert_eq!(
+            s.gups_args(),
+            "--mib+96+--hot-mib+16+--cold-period+2+--uniform-share+0.1+--move-after+90"
+        );
     }
 
     #[test]
