@@ -53,6 +53,7 @@ test-rust:
 
 test-c:
 	$(MAKE) -C tests/c check
+	python3 guest/tests/chanmon_vectors.py
 
 # vtism_guest.ko against Debian's 6.1 and 6.12 headers (fetched by scripts/guest-kernels.sh).
 test-module:

@@ -13,8 +13,8 @@ use libfuzzer_sys::fuzz_target;
 use std::cell::Cell;
 use vtism_proto::layout::ENTRIES_OFFSET;
 use vtism_proto::{
-    AccessError, ChannelReader, ChannelWriter, Gfn, GfnRange, HintEntry, OwnedRegion, RamMap, RoundMeta,
-    SharedRegion, Tracker, HUGE_FRAMES,
+    AccessError, ChannelReader, ChannelVersion, ChannelWriter, CountMeaning, Gfn, GfnRange, HintEntry, HintRound,
+    Micros, OwnedRegion, RamMap, RoundMeta, SharedRegion, Tracker, TrackerReport, WriterConfig, HUGE_FRAMES,
 };
 
 /// Reads little-endian integers off the input, yielding zeros once it runs out.
@@ -143,9 +143,11 @@ fn check_round<R: SharedRegion>(region: &R, ram: &RamMap, res: &Result<Option<vt
                 assert!(ram.contains_frames(e.gfn(), e.frames()), "non-RAM frame accepted: {e:?}");
                 assert!(!e.huge() || e.gfn().is_huge_aligned(), "misaligned unit accepted: {e:?}");
             }
-            if round.version_minor == 0 {
-                assert_eq!(round.flags & !1, 0, "unknown flag accepted from a v1.0 writer");
+            if round.version_minor <= 1 {
+                assert_eq!(round.flags & !1, 0, "unknown flag accepted from a v1.{} writer", round.version_minor);
             }
+            assert_eq!(round.counts(), CountMeaning::for_minor(round.version_minor));
+            assert_eq!(round.tracker_report.is_some(), round.version_minor >= 1, "tracker report and version disagree");
         }
         Ok(None) => {}
         Err(e) => {
@@ -156,10 +158,48 @@ fn check_round<R: SharedRegion>(region: &R, ram: &RamMap, res: &Result<Option<vt
     }
 }
 
+/// Reserved guest-header bytes of a v1.0 and a v1.1 writer, `[start, end)`, written out from
+/// docs/channel.md (flags apart); `None` for newer minors, whose use of them is ignored.
+fn reserved_spans(minor: u16) -> Option<&'static [(usize, usize)]> {
+    match minor {
+        0 => Some(&[(0x030, 0x040), (0x064, 0x068), (0x080, 0x800)]),
+        1 => Some(&[(0x030, 0x040), (0x08C, 0x090), (0x098, 0x800)]),
+        _ => None,
+    }
+}
+
+/// On a region nobody writes, an accepted round's header is as the spec says, byte for byte.
+fn check_header<R: SharedRegion>(region: &R, round: &HintRound) {
+    let u32_at = |o: usize| region.load_u32(o).expect("header is mapped");
+    let u64_at = |o: usize| region.load_u64(o).expect("header is mapped");
+    let minor = (u32_at(0x008) >> 16) as u16;
+    assert_eq!(minor, round.version_minor);
+    if let Some(spans) = reserved_spans(minor) {
+        for &(start, end) in spans {
+            for o in (start..end).step_by(4) {
+                assert_eq!(u32_at(o), 0, "reserved header bytes at {o:#x} accepted from a v1.{minor} writer");
+            }
+        }
+    }
+    if minor >= 1 {
+        let want = TrackerReport {
+            window: Micros(u32_at(0x064)),
+            windows: u32_at(0x080),
+            tracker_cpu: Micros(u32_at(0x084)),
+            coarse_window: Micros(u32_at(0x088)),
+            tracked_frames: u64_at(0x090),
+        };
+        assert_eq!(round.tracker_report, Some(want));
+    }
+}
+
 fn read_static<R: SharedRegion>(region: &R, ram: &RamMap) {
     let mut reader = ChannelReader::new();
     let first = reader.read(region, ram);
     check_round(region, ram, &first);
+    if let Ok(Some(round)) = &first {
+        check_header(region, round);
+    }
     if let Err(e) = &first {
         assert_ne!(e.code(), 8, "a region nobody writes cannot tear");
     }
@@ -181,7 +221,13 @@ fuzz_target!(|data: &[u8]| {
         1 => {
             let cap = u64::from(inp.u16() % 1024) + 1;
             let region = OwnedRegion::zeroed(4096 + 8 * cap as usize + 8 * usize::from(inp.u8() % 4));
-            let Ok(mut w) = ChannelWriter::init(&region, Tracker::from_raw(u32::from(inp.u8()))) else {
+            let flags = inp.u8();
+            let cfg = WriterConfig {
+                tracker: Tracker::from_raw(u32::from(inp.u8())),
+                version: if flags & 1 == 0 { ChannelVersion::V1_1 } else { ChannelVersion::V1_0 },
+                ..WriterConfig::default()
+            };
+            let Ok(mut w) = ChannelWriter::init_with(&region, cfg) else {
                 return;
             };
             for _ in 0..1 + inp.u8() % 3 {
@@ -197,7 +243,16 @@ fuzz_target!(|data: &[u8]| {
                         }
                     })
                     .collect();
-                let meta = RoundMeta { overflow: inp.u8() & 1 != 0, hot_frames: inp.u64(), ..RoundMeta::default() };
+                let overflow = inp.u8() & 1 != 0;
+                let hot_frames = inp.u64();
+                let tracker_report = TrackerReport {
+                    window: Micros(inp.u32()),
+                    coarse_window: Micros(inp.u32()),
+                    windows: inp.u32(),
+                    tracker_cpu: Micros(inp.u32()),
+                    tracked_frames: inp.u64(),
+                };
+                let meta = RoundMeta { overflow, hot_frames, tracker_report, ..RoundMeta::default() };
                 w.publish(&entries, &meta).expect("writer accepts valid entries");
             }
             // Then the hostile guest pokes: header words or entry words.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0 OR MIT) */
 /*
- * vtism hint channel v1.0: layout, constants and writer helpers.
+ * vtism hint channel v1.1: layout, constants, writer helpers and the rate-level scale.
  *
  * The normative spec is docs/channel.md; the Rust crate vtism-proto implements the same format and
  * both are checked against tests/vectors/channel/. Usable from kernel code (no libc) and from user
@@ -9,7 +9,9 @@
  * The writer (guest) publishes a round with a seqlock:
  *     vtism_ch_begin_round(h);          seq odd, barrier
  *     h->entries...[i] = vtism_entry_make(...);
- *     vtism_ch_end_round(h, &meta);     fields, barrier, seq even
+ *     vtism_ch_end_round(h, seq, &meta); fields, barrier, seq even
+ * An entry's count is a rate level (v1.1): vtism_ch_level_of_rate() and vtism_ch_level_of_share()
+ * compute it with integer arithmetic only.
  * The reader (host) never trusts any of this; see docs/channel.md "Validation".
  */
 #ifndef VTISM_CHANNEL_H
@@ -18,6 +20,8 @@
 #ifdef __KERNEL__
 #include <linux/types.h>
 #include <linux/compiler.h>
+#include <linux/bitops.h>
+#include <linux/math64.h>
 #include <asm/barrier.h>
 typedef u8 vtism_u8;
 typedef u16 vtism_u16;
@@ -28,6 +32,8 @@ typedef u64 vtism_u64;
 #define VTISM_WMB() smp_wmb()
 #define VTISM_RMB() smp_rmb()
 #define VTISM_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#define VTISM_FLS64(x) fls64(x)
+#define VTISM_DIV_U64_U32(a, b) div_u64((a), (b))
 #else
 #include <stdint.h>
 typedef uint8_t vtism_u8;
@@ -39,12 +45,15 @@ typedef uint64_t vtism_u64;
 #define VTISM_WMB() __atomic_thread_fence(__ATOMIC_RELEASE)
 #define VTISM_RMB() __atomic_thread_fence(__ATOMIC_ACQUIRE)
 #define VTISM_STATIC_ASSERT(c, m) _Static_assert(c, m)
+/* 1-based index of the highest set bit, 0 for 0 (as the kernel's fls64) */
+#define VTISM_FLS64(x) ((x) ? 64 - __builtin_clzll(x) : 0)
+#define VTISM_DIV_U64_U32(a, b) ((a) / (b))
 #endif
 
 /* "VTISMCH1" read as a little-endian u64. */
 #define VTISM_CH_MAGIC 0x3148434D53495456ULL
 #define VTISM_CH_VERSION_MAJOR 1
-#define VTISM_CH_VERSION_MINOR 0
+#define VTISM_CH_VERSION_MINOR 1
 #define VTISM_CH_HEADER_SIZE 4096u
 #define VTISM_CH_ENTRIES_OFFSET 4096u
 #define VTISM_CH_ENTRY_SIZE 8u
@@ -116,11 +125,16 @@ struct vtism_ch_header {
 	vtism_u32 flags;		/* 0x058 */
 	vtism_u32 scan_interval_ms;	/* 0x05c */
 	vtism_u32 scan_duration_us;	/* 0x060 */
-	vtism_u32 reserved1;		/* 0x064 */
+	vtism_u32 window_us;		/* 0x064 v1.1: fine window W_f */
 	vtism_u64 tracked_bytes;	/* 0x068 */
 	vtism_u64 hot_frames;		/* 0x070 */
 	vtism_u64 publish_time_ns;	/* 0x078 */
-	vtism_u8 reserved2[0x800 - 0x080];
+	vtism_u32 windows;		/* 0x080 v1.1: windows since the last round */
+	vtism_u32 tracker_cpu_us;	/* 0x084 v1.1: tracker CPU since the last round */
+	vtism_u32 coarse_window_us;	/* 0x088 v1.1: coarse window W_c */
+	vtism_u32 reserved1;		/* 0x08c */
+	vtism_u64 tracked_frames;	/* 0x090 v1.1: frames the tracker holds state for */
+	vtism_u8 reserved2[0x800 - 0x098];
 	/* feedback: host */
 	vtism_u64 host_seq;		/* 0x800 */
 	vtism_u64 ack_round;		/* 0x808 */
@@ -136,6 +150,11 @@ struct vtism_ch_header {
 VTISM_STATIC_ASSERT(sizeof(struct vtism_ch_header) == VTISM_CH_HEADER_SIZE, "header is one page");
 VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, seq) == 0x40, "seq offset");
 VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, publish_time_ns) == 0x78, "pub end");
+VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, window_us) == 0x64, "window_us");
+VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, windows) == 0x80, "windows");
+VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, coarse_window_us) == 0x88, "coarse");
+VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, tracked_frames) == 0x90, "tracked");
+VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, reserved2) == 0x98, "reserved tail");
 VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, host_seq) == 0x800, "host_seq");
 VTISM_STATIC_ASSERT(__builtin_offsetof(struct vtism_ch_header, host_version) == 0x830, "host_version");
 
@@ -148,6 +167,12 @@ struct vtism_ch_round_meta {
 	vtism_u64 tracked_bytes;
 	vtism_u64 hot_frames;
 	vtism_u64 publish_time_ns;
+	/* v1.1, informational: the tracker's windows and cost */
+	vtism_u32 window_us;		/* fine window W_f at publication */
+	vtism_u32 coarse_window_us;	/* coarse window W_c at publication */
+	vtism_u32 windows;		/* windows (coarse and fine) completed since the last round */
+	vtism_u32 tracker_cpu_us;	/* tracker CPU since the last round, publication included */
+	vtism_u64 tracked_frames;	/* frames the tracker holds state for */
 };
 
 /* Host feedback as the guest sees it after vtism_ch_read_feedback(). */
@@ -277,9 +302,121 @@ static inline vtism_u64 vtism_ch_end_round(struct vtism_ch_header *h, vtism_u64 
 	VTISM_STORE(&h->tracked_bytes, m->tracked_bytes);
 	VTISM_STORE(&h->hot_frames, m->hot_frames);
 	VTISM_STORE(&h->publish_time_ns, m->publish_time_ns);
+	VTISM_STORE(&h->window_us, m->window_us);
+	VTISM_STORE(&h->windows, m->windows);
+	VTISM_STORE(&h->tracker_cpu_us, m->tracker_cpu_us);
+	VTISM_STORE(&h->coarse_window_us, m->coarse_window_us);
+	VTISM_STORE(&h->tracked_frames, m->tracked_frames);
 	VTISM_WMB();
 	VTISM_STORE(&h->seq, begin_seq + 1);
 	return round;
+}
+
+/*
+ * Rate levels (v1.1 count): level = round(16 * log2(rate in Hz) + 96), clamped to 0..255; 96 is
+ * one access per second, 16 levels per doubling, 0 is one access per 64 s or less (docs/channel.md
+ * "Rate levels"; Rust: vtism_proto::count::level_of_rate). Integer arithmetic only.
+ *
+ * vtism_ch_level_of_rate(rate, shift): the level of rate / 2^shift accesses per second (a count
+ * of accesses per 2^shift seconds, or a Q<shift> fixed-point rate), for any rate and shift <= 127.
+ * Exact: the nearest level of the exact value (no rate lies on a boundary between two levels,
+ * which are irrational). 0 for a rate of 0.
+ */
+static inline unsigned int vtism_ch_level_of_rate(vtism_u64 rate, unsigned int shift)
+{
+	/* ceil(2^(63 + (2j - 1) / 32)), j = 1..16: a mantissa in Q63 at or above step j rounds to
+	 * at least j sixteenths of an octave */
+	static const vtism_u64 steps[16] = {
+		0x82cd8698ac2ba1d8ULL, 0x88980e8092da8528ULL, 0x8ea4398b45cd53c1ULL,
+		0x94f4efa8fef70962ULL, 0x9b8d39b9d54e5539ULL, 0xa27043030c496819ULL,
+		0xa9a15ab4ea7c0ef9ULL, 0xb123f581d2ac2590ULL, 0xb8fbaf4762fb9eeaULL,
+		0xc12c4cca66709457ULL, 0xc9b9bd866e2f27a3ULL, 0xd2a81d91f12ae45bULL,
+		0xdbfbb797daf23756ULL, 0xe5b906e77c8348a9ULL, 0xefe4b99bdcdaf5ccULL,
+		0xfa83b2db722a033bULL,
+	};
+	int msb, level;
+	unsigned int j;
+	vtism_u64 m;
+
+	if (rate == 0 || shift > 127)
+		return 0;
+	msb = VTISM_FLS64(rate) - 1;
+	m = rate << (63 - msb);
+	level = 16 * (msb - (int)shift) + 96;
+	for (j = 0; j < 16 && m >= steps[j]; j++)
+		level++;
+	if (level < 0)
+		return 0;
+	return level > 255 ? 255 : (unsigned int)level;
+}
+
+/* Rates as vtism_ch_rate_of_share() returns them: accesses per second in Q32. */
+#define VTISM_CH_RATE_SHIFT 32
+/* The largest young share a rate is taken from, 1 - 1/256, in Q32. */
+#define VTISM_CH_SHARE_MAX_Q32 ((1ULL << 32) - (1ULL << 24))
+
+/* (a * b) >> 32, exactly, without a 128-bit intermediate; the result must fit in 64 bits. */
+static inline vtism_u64 vtism_ch_mul_shr32(vtism_u64 a, vtism_u32 b)
+{
+	return (a >> 32) * b + (((a & 0xffffffffULL) * b) >> 32);
+}
+
+/* log2(x) in Q32 for 1 <= x < 2^32: the integer part, then one fraction bit per squaring. */
+static inline vtism_u64 vtism_ch_log2_q32(vtism_u32 x)
+{
+	int msb = VTISM_FLS64(x) - 1, i;
+	vtism_u64 y = (vtism_u64)x << (31 - msb); /* the mantissa in [1, 2), Q31 */
+	vtism_u64 r = (vtism_u64)msb << 32;
+
+	for (i = 31; i >= 0; i--) {
+		y = (y * y) >> 31;
+		if (y >= (1ULL << 32)) {
+			y >>= 1;
+			r |= 1ULL << i;
+		}
+	}
+	return r;
+}
+
+/*
+ * The access rate of a frame found young in a share of observation windows of window_us each,
+ * for Poisson accesses: -ln(1 - s) / W (docs/channel.md "Rate levels"; Rust:
+ * vtism_proto::count::rate_of_young_share). s = share / 2^share_bits (share_bits <= 32), capped at
+ * 1 - 1/256. Returns accesses per second in Q32 (VTISM_CH_RATE_SHIFT); 0 when share or window_us
+ * is 0. Relative error below 1e-6 (a power series for s < 2^-10, a Q32 logarithm above), so a
+ * level from it differs from the exact one only within 1e-4 of a level of a boundary.
+ */
+static inline vtism_u64 vtism_ch_rate_of_share(vtism_u64 share, unsigned int share_bits,
+					       vtism_u32 window_us)
+{
+	/* ln 2 in Q32 */
+	const vtism_u32 ln2_q32 = 2977044472u;
+	vtism_u64 s, nl_q32;
+
+	if (share == 0 || window_us == 0 || share_bits > 32)
+		return 0;
+	s = share >= (1ULL << share_bits) ? (1ULL << 32) : share << (32 - share_bits);
+	if (s > VTISM_CH_SHARE_MAX_Q32)
+		s = VTISM_CH_SHARE_MAX_Q32;
+	if (s < (1ULL << 22)) {
+		/* -ln(1 - s) = s (1 + s/2 + s^2/3 + ...): the terms past s^2/3 are below 1e-9 of it */
+		vtism_u64 e = (s >> 1) + ((s * s) >> 32) / 3; /* s/2 + s^2/3 in Q32, < 2^21 */
+		vtism_u64 a = s * 1000000u;		     /* < 2^42 */
+
+		return VTISM_DIV_U64_U32(a + vtism_ch_mul_shr32(a, (vtism_u32)e), window_us);
+	}
+	/* -ln(1 - s) = ln 2 * (32 - log2((1 - s) 2^32)), 1 - s >= 2^-8 */
+	nl_q32 = vtism_ch_mul_shr32((32ULL << 32) - vtism_ch_log2_q32((vtism_u32)((1ULL << 32) - s)),
+				    ln2_q32);
+	return VTISM_DIV_U64_U32(nl_q32 * 1000000u, window_us); /* nl_q32 < 2^35: no overflow */
+}
+
+/* The rate level of a young share of windows of window_us: see vtism_ch_rate_of_share(). */
+static inline unsigned int vtism_ch_level_of_share(vtism_u64 share, unsigned int share_bits,
+						   vtism_u32 window_us)
+{
+	return vtism_ch_level_of_rate(vtism_ch_rate_of_share(share, share_bits, window_us),
+				      VTISM_CH_RATE_SHIFT);
 }
 
 /*

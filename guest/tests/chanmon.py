@@ -9,8 +9,9 @@ published against the workload's ground truth.
 
 usage: chanmon.py --channel FILE --serial LOG --label 6.1 [--timeout S] -- qemu-system-x86_64 ...
 
-Prints one "PASS <label>/<check>: ..." or "FAIL <label>/<check>: ..." line per check and exits
-non-zero if any check failed. Standard library only.
+Prints one "PASS <label>/<check>: ..." or "FAIL <label>/<check>: ..." line per check, and
+"INFO <label>/...: ..." lines with what the tracker reported (channel v1.1), and exits non-zero if
+any check failed. Standard library only.
 """
 import argparse
 import mmap
@@ -25,6 +26,12 @@ import time
 MAGIC = 0x3148434D53495456
 HDR = 4096
 OVERFLOW = 1
+KNOWN_MINORS = (0, 1)  # this reader's versions: v1.0 and v1.1
+HOST_VERSION = 1 << 16 | 1
+# Reserved guest-header bytes (offset, end) by writer minor version; flags apart
+RESERVED = {0: ((0x30, 0x40), (0x64, 0x68), (0x80, 0x800)),
+            1: ((0x30, 0x40), (0x8C, 0x90), (0x98, 0x800))}
+LEVEL_1HZ = 96  # v1.1 count: rate level, 2^(count/16 - 6) accesses per second
 RES_ENTRY = ~((1 << 53) - 1) & 0xFFFFFFFFFFFFFFFF
 TYPES = {"anon": 1, "file": 2, "shmem": 3}
 
@@ -35,7 +42,7 @@ FEEDBACK_MIN_MS = 2500
 
 
 class Reject(Exception):
-    pass
+    """A rejected round: args are the reject label of docs/channel.md and a detail."""
 
 
 class Channel:
@@ -50,27 +57,35 @@ class Channel:
         return struct.unpack_from("<Q", self.mm, off)[0]
 
     def snapshot(self):
-        """One consistent round or None (odd seq or torn). Returns (header bytes, entries)."""
-        s1 = self.u64(0x40)
-        if s1 & 1:
-            return None
-        hdr = bytes(self.mm[0:HDR])
-        cap = struct.unpack_from("<Q", hdr, 0x20)[0]
-        count = struct.unpack_from("<Q", hdr, 0x50)[0]
-        cap_ok = min(cap, (self.size - HDR) // 8)
-        n = min(count, cap_ok)
-        ent = bytes(self.mm[HDR:HDR + 8 * n])
-        if self.u64(0x40) != s1:
-            return None
-        return hdr, ent
+        return snapshot(self.mm, self.size)
 
     def write_feedback(self, budget, min_ms, ack=0):
         s = self.u64(0x800)
         s = s + 1 if s % 2 == 0 else s
         struct.pack_into("<Q", self.mm, 0x800, s)  # odd: writing
         struct.pack_into("<QQI", self.mm, 0x808, ack, budget, min_ms)
-        struct.pack_into("<I", self.mm, 0x830, 1 << 16)
+        struct.pack_into("<I", self.mm, 0x830, HOST_VERSION)
         struct.pack_into("<Q", self.mm, 0x800, s + 1)
+
+
+def snapshot(mem, size):
+    """Copy one round out of `mem` (the mapped channel, `size` bytes) under the seqlock: (header
+    bytes, entry bytes), or None while the guest writes (seq odd or changed). Only a region too
+    small to hold the header is returned short: validate() rejects it first."""
+    if size < HDR:
+        return bytes(mem[0:size]), b""
+    s1 = struct.unpack_from("<Q", mem, 0x40)[0]
+    if s1 & 1:
+        return None
+    hdr = bytes(mem[0:HDR])
+    eo = struct.unpack_from("<I", hdr, 0x18)[0]
+    cap, count = struct.unpack_from("<Q", hdr, 0x20)[0], struct.unpack_from("<Q", hdr, 0x50)[0]
+    # bounded by the mapping whatever the header says; validate() judges the header
+    n = min(count, cap, max(0, (size - eo) // 8)) if eo >= HDR and eo % 8 == 0 else 0
+    ent = bytes(mem[eo:eo + 8 * n])
+    if struct.unpack_from("<Q", mem, 0x40)[0] != s1:
+        return None
+    return hdr, ent
 
 
 def parse_header(hdr):
@@ -78,42 +93,66 @@ def parse_header(hdr):
     (f["magic"], f["vmaj"], f["vmin"], f["header_size"], f["region_size"], f["entries_offset"],
      f["entry_size"], f["capacity"], f["tracker"], f["page_shift"]) = struct.unpack_from(
         "<QHHIQIIQII", hdr, 0)
-    (f["seq"], f["round"], f["count"], f["flags"], f["interval_ms"], f["scan_us"], f["res1"],
+    (f["seq"], f["round"], f["count"], f["flags"], f["interval_ms"], f["scan_us"], f["window_us"],
      f["tracked_bytes"], f["hot_frames"], f["publish_ns"]) = struct.unpack_from(
         "<QQQIIIIQQQ", hdr, 0x40)
+    # v1.1 (zero, reserved, from a v1.0 writer)
+    (f["windows"], f["tracker_cpu_us"], f["coarse_window_us"], f["res_pub"],
+     f["tracked_frames"]) = struct.unpack_from("<IIIIQ", hdr, 0x80)
     return f
 
 
-def validate(f, hdr, ent, mapped, ram):
-    """docs/channel.md "Validation", in its order. Raises Reject(code, why)."""
-    if mapped < HDR or f["region_size"] > mapped:
-        raise Reject("RegionTooSmall")
+def rate_hz(level):
+    """Accesses per second a v1.1 count stands for."""
+    return 2.0 ** ((level - LEVEL_1HZ) / 16.0)
+
+
+def ram_runs(ram):
+    """RAM ranges [start, end) with adjacent ones joined: a 2 MiB unit may span two."""
+    runs = []
+    for lo, hi in sorted(ram):
+        if runs and runs[-1][1] == lo:
+            runs[-1][1] = hi
+        else:
+            runs.append([lo, hi])
+    return runs
+
+
+def validate(hdr, ent, mapped, ram):
+    """docs/channel.md "Validation", in its order, on a snapshot(). Returns (header fields,
+    entries); raises Reject(label, detail)."""
+    if mapped < HDR:
+        raise Reject("region_too_small", "%d bytes mapped" % mapped)
+    f = parse_header(hdr)
     if f["magic"] != MAGIC:
-        raise Reject("BadMagic")
+        raise Reject("bad_magic", "%#x" % f["magic"])
     if f["vmaj"] != 1:
-        raise Reject("UnsupportedVersion")
+        raise Reject("unsupported_version", "%d.%d" % (f["vmaj"], f["vmin"]))
     if (f["header_size"] != 4096 or f["entry_size"] != 8 or f["page_shift"] != 12
             or f["entries_offset"] < f["header_size"] or f["entries_offset"] % 8):
-        raise Reject("BadLayout")
+        raise Reject("bad_layout", "")
+    if f["region_size"] > mapped:
+        raise Reject("region_too_small", "region_size %d" % f["region_size"])
     if f["entries_offset"] + f["capacity"] * 8 > f["region_size"]:
-        raise Reject("CapacityBeyondRegion")
+        raise Reject("capacity_beyond_region", "%d" % f["capacity"])
     if f["count"] > f["capacity"]:
-        raise Reject("CountBeyondCapacity")
-    if (any(hdr[0x30:0x40]) or f["res1"] or any(hdr[0x80:0x800])
-            or f["flags"] & ~OVERFLOW):
-        raise Reject("ReservedHeaderBits")
+        raise Reject("count_beyond_capacity", "%d" % f["count"])
+    # what a v1.2+ writer puts in space reserved to this reader is ignored
+    if f["vmin"] in RESERVED and (any(any(hdr[a:b]) for a, b in RESERVED[f["vmin"]])
+                                  or f["flags"] & ~OVERFLOW):
+        raise Reject("reserved_header_bits", "v1.%d writer" % f["vmin"])
     es = struct.unpack("<%dQ" % (len(ent) // 8), ent)
-    for e in es:
+    runs = ram_runs(ram)
+    for i, e in enumerate(es):
         if e & RES_ENTRY:
-            raise Reject("ReservedEntryBits")
-    for e in es:
+            raise Reject("reserved_entry_bits", "entry %d" % i)
         gfn, huge = e & ((1 << 40) - 1), (e >> 51) & 1
         last = gfn + (511 if huge else 0)
-        if not any(lo <= gfn and last < hi for lo, hi in ram):
-            raise Reject("GfnOutOfRange %#x" % gfn)
+        if not any(lo <= gfn and last < hi for lo, hi in runs):
+            raise Reject("gfn_out_of_range", "entry %d: %#x" % (i, gfn))
         if huge and gfn % 512:
-            raise Reject("MisalignedHuge %#x" % gfn)
-    return es
+            raise Reject("misaligned_huge", "entry %d: %#x" % (i, gfn))
+    return f, es
 
 
 def decode(e):
@@ -165,6 +204,7 @@ class Monitor:
         self.phase_seen = None
         self.keep_entries = True
         self.checks = []
+        self.info = []  # (name, detail): reported, never failed
 
     def check(self, name, ok, detail):
         self.checks.append((name, bool(ok), detail))
@@ -228,9 +268,9 @@ class Monitor:
         if not self.ram:
             return  # RAM map not known yet (printed before the module loads)
         try:
-            es = validate(f, hdr, ent, self.ch.size, self.ram)
+            f, es = validate(hdr, ent, self.ch.size, self.ram)
         except Reject as e:
-            self.rejects.append((f["round"], str(e)))
+            self.rejects.append((f["round"], "%s (%s)" % e.args))
             return
         self.snaps.append(dict(f=f, entries=es if self.keep_entries else None,
                                t=time.monotonic(), phase_seen=self.phase_seen))
@@ -312,16 +352,20 @@ class Monitor:
         self.check("frames-stable", moved and "moved=0 thp_bad=0 " in moved[0] + " ",
                    moved[0] if moved else "workload did not report its end")
 
-        # every round read is a valid v1.0 round of the module
+        # every round read is a valid round of the tracker, in one channel version throughout
         params = self.stats.get("steady", {})
         ident = [s["f"] for s in self.snaps]
+        minors = sorted({f["vmin"] for f in ident})
+        want_minors = KNOWN_MINORS if self.a.channel_minor is None else (self.a.channel_minor,)
         bad_ident = [f["round"] for f in ident if not (
-            f["vmin"] == 0 and f["tracker"] == (2 if self.a.tracker == "damon" else 1) and f["region_size"] == ch.size and
-            f["capacity"] == (ch.size - HDR) // 8)]
-        self.check("channel-valid", self.snaps and not self.rejects and not bad_ident,
-                   "%d rounds read, %d rejected %s, %d bad identity, %d torn/odd reads" % (
-                       len(self.snaps), len(self.rejects), self.rejects[:3], len(bad_ident),
-                       self.torn))
+            f["vmin"] in want_minors and f["tracker"] == (2 if self.a.tracker == "damon" else 1) and
+            f["region_size"] == ch.size and f["capacity"] == (ch.size - HDR) // 8)]
+        self.check("channel-valid", self.snaps and not self.rejects and not bad_ident and
+                   len(minors) == 1,
+                   "%d rounds read (channel v1.%s), %d rejected %s, %d bad identity, %d torn/odd "
+                   "reads" % (len(self.snaps), "/".join(map(str, minors)), len(self.rejects),
+                              self.rejects[:3], len(bad_ident), self.torn))
+        self.tracker_report()
 
         # rounds: +1 steps (we may miss some), restart from 1 only across a module reload
         back, unload_a = [], self.phase_round("churn-end")
@@ -344,10 +388,14 @@ class Monitor:
             cnts = [decode(e)["count"] for e in s["entries"]]
             if any(a < b for a, b in zip(cnts, cnts[1:])):
                 order_bad += 1
-            cover = sum(512 if decode(e)["huge"] else 1 for e in s["entries"])
             f = s["f"]
+            # v1.0: every entry is hot; v1.1: hot_frames counts frames at 1 Hz or more
+            cover = sum(512 if decode(e)["huge"] else 1 for e in s["entries"]
+                        if f["vmin"] == 0 or decode(e)["count"] >= LEVEL_1HZ)
             if f["flags"] & OVERFLOW:
-                if f["hot_frames"] <= cover and f["count"] > 0:
+                # v1.0: more hot frames than published; v1.1: dropped entries may be cooler
+                if (f["vmin"] == 0 and f["hot_frames"] <= cover and f["count"] > 0) or \
+                        f["hot_frames"] < cover:
                     ovf_bad.append(f["round"])
             elif f["hot_frames"] != cover:
                 ovf_bad.append(f["round"])
@@ -499,7 +547,38 @@ class Monitor:
                    "consecutive rounds %s ms apart with min_interval_ms=%d" % (
                        [round(g) for g in gaps], FEEDBACK_MIN_MS))
 
+    def tracker_report(self):
+        """INFO lines: what a v1.1 tracker reported with its rounds (informational fields)."""
+        v11 = [s for s in self.snaps if s["f"]["vmin"] >= 1]
+        if not v11:
+            self.info.append(("tracker-report", "no v1.1 rounds (a v1.0 tracker: counts are "
+                              "rounds seen)"))
+            return
+        fs = [s["f"] for s in v11]
+
+        def span(key):
+            vals = sorted(f[key] for f in fs)
+            return "%d/%d/%d" % (vals[0], vals[len(vals) // 2], vals[-1])
+        # CPU over the rounds seen in one session (rounds +1 apart, no reload in between)
+        cpu_us = wall_ns = 0
+        for p, q in zip(fs, fs[1:]):
+            if q["round"] == p["round"] + 1 and q["publish_ns"] > p["publish_ns"]:
+                cpu_us += q["tracker_cpu_us"]
+                wall_ns += q["publish_ns"] - p["publish_ns"]
+        levels = [decode(e)["count"] for s in v11 if s["entries"] for e in s["entries"][:1]]
+        self.info.append((
+            "tracker-report",
+            "%d v1.1 rounds; min/median/max: window_us %s, coarse_window_us %s, windows per "
+            "round %s, tracker_cpu_us %s; tracker CPU %.1f ms over %.1f s of consecutive rounds "
+            "(%.3f%% of a vCPU); tracked_frames %d at the end; hottest entry level %s (%.1f Hz)" % (
+                len(fs), span("window_us"), span("coarse_window_us"), span("windows"),
+                span("tracker_cpu_us"), cpu_us / 1e3, wall_ns / 1e9,
+                100.0 * cpu_us * 1e3 / wall_ns if wall_ns else 0.0, fs[-1]["tracked_frames"],
+                max(levels) if levels else "-", rate_hz(max(levels)) if levels else 0.0)))
+
     def report(self):
+        for name, detail in self.info:
+            print("INFO %s/%s: %s" % (self.a.label, name, detail))
         failed = 0
         for name, ok, detail in self.checks:
             print("%s %s/%s: %s" % ("PASS" if ok else "FAIL", self.a.label, name, detail))
@@ -520,6 +599,9 @@ def main():
     ap.add_argument("--tracker", choices=("module", "damon"), default="module",
                     help="damon: the `vtism guest` scenario (damon-init.sh): tracker 2, no write "
                     "bit, no module-only checks (pruning, reloads, threshold control)")
+    ap.add_argument("--channel-minor", type=int, default=None,
+                    help="the channel minor version the tracker must write (default: any this "
+                    "reader knows, %s, the same in every round)" % (KNOWN_MINORS,))
     a = ap.parse_args(argv[:i])
     m = Monitor(a)
     m.run(argv[i + 1:])

@@ -6,7 +6,9 @@
  *      (vtism_ch_init, vtism_ch_begin_round/end_round, vtism_entry_make) plus the listed pokes,
  *      and must be byte-identical to the .bin the Rust writer produced;
  *  (b) a small validating reader written here from docs/channel.md judges every .bin, and its
- *      verdict (decoded round, nothing new, or reject code/label/entry) must match vectors.json.
+ *      verdict (decoded round, nothing new, or reject code/label/entry) must match vectors.json;
+ *  (c) the rate-level helpers (vtism_ch_level_of_rate, vtism_ch_level_of_share) return the levels
+ *      of vectors.json's rate_levels and share_levels, which vtism_proto::count computed.
  *
  * Usage: channel_vectors [vectors-dir]   (default ../vectors/channel)
  * Prints one line per failure and ends with "N passed, N failed"; exits 1 on any failure.
@@ -455,7 +457,7 @@ static int parse_hex(struct ctx *c, const char *s, uint64_t *out)
 static int rebuild(struct ctx *c, const struct jval *v, uint8_t **out, size_t *out_len)
 {
 	uint64_t region_size = 0, file_len = 0, buf_len, alloc_len;
-	uint32_t tracker = 0;
+	uint32_t tracker = 0, version_minor = 0;
 	const struct jval *fb, *rounds, *pokes;
 	struct vtism_ch_header *h;
 	uint8_t *buf;
@@ -463,8 +465,10 @@ static int rebuild(struct ctx *c, const struct jval *v, uint8_t **out, size_t *o
 	size_t r, i;
 
 	if (get_u64(c, v, "region_size", &region_size) || get_u64(c, v, "file_len", &file_len) ||
-	    get_u32(c, v, "tracker", &tracker))
+	    get_u32(c, v, "tracker", &tracker) || get_u32(c, v, "version_minor", &version_minor))
 		return -1;
+	if (version_minor > VTISM_CH_VERSION_MINOR)
+		return cfail(c, "a v1.%u writer cannot be rebuilt", version_minor);
 	buf_len = region_size > file_len ? region_size : file_len;
 	if (buf_len > (64u << 20))
 		return cfail(c, "region of %llu bytes is too large for a vector", (unsigned long long)buf_len);
@@ -497,12 +501,17 @@ static int rebuild(struct ctx *c, const struct jval *v, uint8_t **out, size_t *o
 		cfail(c, "vtism_ch_init refused region_size %llu", (unsigned long long)region_size);
 		goto fail;
 	}
+	/* The header writes v1.1; an old guest (v1.0) differs only in its minor version and in
+	 * leaving the v1.1 fields zero, which its all-zero round metadata does. */
+	if (version_minor == 0)
+		VTISM_STORE(&h->version_minor, 0);
 
 	rounds = get_arr(c, v, "rounds");
 	if (!rounds)
 		goto fail;
 	for (r = 0; r < rounds->n; r++) {
 		const struct jval *ro = &rounds->items[r], *ents = get_arr(c, ro, "entries");
+		const struct jval *rep = jget(ro, "tracker_report");
 		struct vtism_ch_round_meta m;
 		vtism_u64 seq;
 
@@ -514,6 +523,21 @@ static int rebuild(struct ctx *c, const struct jval *v, uint8_t **out, size_t *o
 		    get_u64(c, ro, "hot_frames", &m.hot_frames) ||
 		    get_u64(c, ro, "publish_time_ns", &m.publish_time_ns))
 			goto fail;
+		if (!rep) {
+			cfail(c, "round %zu has no tracker_report (null for a v1.0 writer)", r);
+			goto fail;
+		}
+		if (rep->type == J_OBJ) {
+			if (get_u32(c, rep, "window_us", &m.window_us) ||
+			    get_u32(c, rep, "windows", &m.windows) ||
+			    get_u32(c, rep, "tracker_cpu_us", &m.tracker_cpu_us) ||
+			    get_u32(c, rep, "coarse_window_us", &m.coarse_window_us) ||
+			    get_u64(c, rep, "tracked_frames", &m.tracked_frames))
+				goto fail;
+		} else if (rep->type != J_NULL) {
+			cfail(c, "round %zu: tracker_report is neither an object nor null", r);
+			goto fail;
+		}
 		if (ents->n > cap) {
 			cfail(c, "round %zu has %zu entries, capacity %llu", r, ents->n, (unsigned long long)cap);
 			goto fail;
@@ -577,6 +601,10 @@ struct verdict {
 	unsigned version_minor;
 	uint32_t tracker, flags, scan_interval_ms, scan_duration_us;
 	uint64_t tracked_bytes, hot_frames, publish_time_ns;
+	/* v1.1 fields: has_report is 0 for a v1.0 writer, which has none */
+	int has_report;
+	uint32_t window_us, windows, tracker_cpu_us, coarse_window_us;
+	uint64_t tracked_frames;
 	uint64_t count;
 	vtism_u64 *entries;
 };
@@ -677,12 +705,14 @@ static struct verdict c_read(const uint8_t *region, size_t mapped, const struct 
 	if (count > capacity)
 		return verror(VTISM_CH_COUNT_BEYOND_CAPACITY, -1);
 	flags = ld32(hdr, 0x58);
-	if (minor == 0) {
-		size_t off;
+	/* Reserved space by the writer's minor version; a newer minor's is not checked. */
+	if (minor <= 1) {
+		size_t off, tail = minor == 0 ? 0x80 : 0x98;
+		uint32_t res32 = ld32(hdr, minor == 0 ? 0x64 : 0x8c);
 
-		if (ld64(hdr, 0x30) || ld64(hdr, 0x38) || (flags & ~VTISM_CH_FLAGS_KNOWN) || ld32(hdr, 0x64))
+		if (ld64(hdr, 0x30) || ld64(hdr, 0x38) || (flags & ~VTISM_CH_FLAGS_KNOWN) || res32)
 			return verror(VTISM_CH_RESERVED_HEADER_BITS, -1);
-		for (off = 0x80; off < 0x800; off += 8)
+		for (off = tail; off < 0x800; off += 8)
 			if (ld64(hdr, off))
 				return verror(VTISM_CH_RESERVED_HEADER_BITS, -1);
 	}
@@ -729,6 +759,14 @@ static struct verdict c_read(const uint8_t *region, size_t mapped, const struct 
 	v.tracked_bytes = ld64(hdr, 0x68);
 	v.hot_frames = ld64(hdr, 0x70);
 	v.publish_time_ns = ld64(hdr, 0x78);
+	if (minor >= 1) {
+		v.has_report = 1;
+		v.window_us = ld32(hdr, 0x64);
+		v.windows = ld32(hdr, 0x80);
+		v.tracker_cpu_us = ld32(hdr, 0x84);
+		v.coarse_window_us = ld32(hdr, 0x88);
+		v.tracked_frames = ld64(hdr, 0x90);
+	}
 	v.count = count;
 	return v;
 }
@@ -788,14 +826,40 @@ static int check_verdict(struct ctx *c, const struct verdict *v, const struct jv
 			v->scan_duration_us, v->tracked_bytes, v->hot_frames, v->publish_time_ns,
 		};
 		const struct jval *ents = get_arr(c, ex, "entries");
+		const struct jval *rep = jget(ex, "tracker_report");
+		const char *counts = get_str(c, ex, "counts");
 		int overflow = 0;
 		size_t i;
 
 		if (v->result != V_OK)
 			return cfail(c, "expected a round, got %s %u (%s)",
 				     v->result == V_NONE ? "nothing new" : "reject", v->code, labels[v->code]);
-		if (!ents || get_bool(c, ex, "overflow", &overflow))
+		if (!ents || !counts || get_bool(c, ex, "overflow", &overflow))
 			return -1;
+		/* v1.0: rounds seen; v1.1 and later: rate levels */
+		if (strcmp(counts, v->version_minor == 0 ? "rounds_seen" : "rate_level") != 0)
+			return cfail(c, "counts '%s' for a v1.%u writer", counts, v->version_minor);
+		if (!rep || (rep->type != J_NULL && rep->type != J_OBJ))
+			return cfail(c, "tracker_report missing");
+		if ((rep->type == J_OBJ) != v->has_report)
+			return cfail(c, "tracker report %s, expected %s", v->has_report ? "decoded" : "absent",
+				     rep->type == J_OBJ ? "one" : "none");
+		if (v->has_report) {
+			static const char *const names[] = {
+				"window_us", "windows", "tracker_cpu_us", "coarse_window_us", "tracked_frames",
+			};
+			const uint64_t vals[] = {
+				v->window_us, v->windows, v->tracker_cpu_us, v->coarse_window_us, v->tracked_frames,
+			};
+
+			for (i = 0; i < sizeof(vals) / sizeof(vals[0]); i++) {
+				uint64_t want = 0;
+
+				if (get_u64(c, rep, names[i], &want))
+					return -1;
+				EXPECT_EQ(c, names[i], vals[i], want);
+			}
+		}
 		for (i = 0; i < sizeof(got) / sizeof(got[0]); i++) {
 			uint64_t want = 0;
 
@@ -943,6 +1007,46 @@ out:
 	return rc;
 }
 
+/* (c) The rate-level helpers against the tables vtism_proto::count produced. */
+static unsigned check_levels(const struct jval *table, const char *name, int shares, size_t *checked)
+{
+	unsigned failed = 0;
+	size_t i;
+
+	*checked = 0;
+	if (!table || table->type != J_ARR || table->n == 0) {
+		printf("FAIL %s: missing or empty\n", name);
+		return 1;
+	}
+	for (i = 0; i < table->n; i++) {
+		const struct jval *t = &table->items[i];
+		struct ctx c;
+		uint64_t a = 0, bits = 0, window = 0, want = 0;
+		unsigned got;
+
+		memset(&c, 0, sizeof(c));
+		if (get_u64(&c, t, shares ? "share" : "rate", &a) ||
+		    get_u64(&c, t, shares ? "share_bits" : "shift", &bits) ||
+		    (shares && get_u64(&c, t, "window_us", &window)) || get_u64(&c, t, "level", &want) ||
+		    bits > 127 || window > UINT32_MAX) {
+			printf("FAIL %s[%zu]: %s\n", name, i, c.err[0] ? c.err : "argument out of range");
+			failed++;
+			continue;
+		}
+		got = shares ? vtism_ch_level_of_share(a, (unsigned)bits, (vtism_u32)window)
+			     : vtism_ch_level_of_rate(a, (unsigned)bits);
+		if (got != want) {
+			if (failed < 20)
+				printf("FAIL %s[%zu]: (%llu, %llu, %llu) gives level %u, expected %llu\n", name, i,
+				       (unsigned long long)a, (unsigned long long)bits,
+				       (unsigned long long)window, got, (unsigned long long)want);
+			failed++;
+		}
+		(*checked)++;
+	}
+	return failed;
+}
+
 int main(int argc, char **argv)
 {
 	const char *dir = argc > 1 ? argv[1] : "../vectors/channel";
@@ -1003,6 +1107,14 @@ int main(int argc, char **argv)
 			printf("FAIL %s: %s\n", c.vector, c.err[0] ? c.err : "unknown error");
 		}
 		rebuilt_total += rebuilt;
+	}
+	{
+		size_t nr = 0, ns = 0;
+		unsigned bad = check_levels(jget(&root, "rate_levels"), "rate_levels", 0, &nr) +
+			       check_levels(jget(&root, "share_levels"), "share_levels", 1, &ns);
+
+		printf("rate levels: %zu rates and %zu young shares checked, %u wrong\n", nr, ns, bad);
+		failed += bad;
 	}
 	/* Every reject code but TornRound (dynamic only) must have a vector. */
 	for (i = 1; i <= 12; i++) {

@@ -11,7 +11,10 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use vtism_proto::layout::{off, MAGIC};
-use vtism_proto::{ChannelWriter, MmapRegion, RoundMeta, SharedRegion, Tracker, WriterConfig};
+use vtism_proto::{
+    ChannelVersion, ChannelWriter, Micros, MmapRegion, RoundMeta, SharedRegion, Tracker,
+    TrackerReport, WriterConfig,
+};
 
 /// What to do while DAMON is in use by someone else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -196,6 +199,24 @@ pub fn access_share(regions: &[Region], samples: u64, monitored_bytes: u64) -> f
     events / (monitored_bytes as f64 * samples as f64)
 }
 
+fn sat_u32(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+/// The v1.1 tracker report. DAMON has one kind of window: every sampling interval is a window
+/// of every region, so the sampling interval is both the fine and the coarse window, and
+/// `windows` counts sampling intervals. `tracked` counts frames and 2 MiB units with a share.
+pub fn tracker_report(iv: Intervals, windows: u64, cpu_us: u64, tracked: usize) -> TrackerReport {
+    let w = Micros(sat_u32(iv.sample_us));
+    TrackerReport {
+        window: w,
+        coarse_window: w,
+        windows: sat_u32(windows),
+        tracker_cpu: Micros(sat_u32(cpu_us)),
+        tracked_frames: tracked as u64,
+    }
+}
+
 /// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half.
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("tmp");
@@ -324,6 +345,8 @@ pub fn run(cfg: &Config) -> Result<()> {
             tracker: Tracker::Damon,
             region_size: None,
             preserve_feedback: true,
+            // counts are rate levels
+            version: ChannelVersion::V1_1,
         },
     )?;
     tracing::info!(bar = %bar.display(), capacity = w.capacity(), "channel initialised");
@@ -443,11 +466,12 @@ fn track<R: SharedRegion>(
             &entries,
             &RoundMeta {
                 overflow,
-                scan_interval_ms: (iv.aggr_us / 1000).min(u64::from(u32::MAX)) as u32,
-                scan_duration_us: (kd_us + own_us).min(u64::from(u32::MAX)) as u32,
+                scan_interval_ms: sat_u32(elapsed_us / 1000),
+                scan_duration_us: sat_u32(kd_us + own_us),
                 tracked_bytes: monitored,
                 hot_frames: ranked.hot_frames,
                 publish_time_ns: cpu::monotonic_ns(),
+                tracker_report: tracker_report(*iv, windows, kd_us + own_us, frames.tracked()),
             },
         )?;
         let round_own_us = cpu::own_cpu_ns().saturating_sub(round_start_own) / 1000;

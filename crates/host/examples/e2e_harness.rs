@@ -35,7 +35,8 @@ use vtism_host::qmp::Qmp;
 use vtism_host::sys::{self, FileMapping};
 use vtism_proto::layout::off;
 use vtism_proto::{
-    read_feedback, ChannelWriter, Gfn, HintEntry, PageType, RoundMeta, SharedRegion, Tracker,
+    read_feedback, ChannelVersion, ChannelWriter, Gfn, HintEntry, PageType, RoundMeta,
+    SharedRegion, Tracker, WriterConfig,
 };
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
@@ -99,7 +100,13 @@ fn now_ns() -> u64 {
 
 fn publish(chan: &str, spec: &str, interval_ms: u64, seconds: Option<u64>) -> R<()> {
     let (_m, region) = open_channel(chan)?;
-    let mut w = ChannelWriter::init(region, Tracker::Harness)?;
+    // Counts of 8 are "seen in 8 rounds": a v1.0 guest.
+    let cfg = WriterConfig {
+        tracker: Tracker::Harness,
+        version: ChannelVersion::V1_0,
+        ..WriterConfig::default()
+    };
+    let mut w = ChannelWriter::init_with(region, cfg)?;
     let sp = spans(spec)?;
     let entries: Vec<HintEntry> = sp
         .iter()
@@ -134,6 +141,7 @@ fn publish(chan: &str, spec: &str, interval_ms: u64, seconds: Option<u64>) -> R<
                 tracked_bytes: entries.len() as u64 * 4096,
                 hot_frames: entries.len() as u64,
                 publish_time_ns: now_ns(),
+                ..RoundMeta::default()
             },
         )?;
         if p.round % 10 == 1 {

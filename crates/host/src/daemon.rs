@@ -66,6 +66,10 @@ struct ManagedVm {
     last_round: u64,
     last_round_at: Option<Instant>,
     last_entries: u64,
+    /// The channel minor version of the last accepted round (what its counts mean).
+    channel_minor: Option<u16>,
+    /// What the guest's tracker reported with the last accepted round (v1.1 guests).
+    tracker_report: Option<vtism_proto::TrackerReport>,
     last_refresh: Instant,
     /// Dense index where the next reconcile query starts; `full_sweeps` completed passes.
     cursor: u64,
@@ -730,6 +734,8 @@ impl Daemon {
             last_round: 0,
             last_round_at: None,
             last_entries: 0,
+            channel_minor: None,
+            tracker_report: None,
             last_refresh: Instant::now(),
             cursor: 0,
             full_sweeps: 0,
@@ -986,14 +992,14 @@ impl Daemon {
                             v.last_round = round.round;
                             v.last_round_at = Some(Instant::now());
                             v.last_entries = round.entries.len() as u64;
+                            v.channel_minor = Some(round.version_minor);
+                            v.tracker_report = round.tracker_report;
                             match self.engine.observe(
                                 id,
                                 Observation::Hints {
                                     entries: &round.entries,
                                     overflow: round.overflow(),
-                                    counts: vtism_proto::CountMeaning::for_minor(
-                                        round.version_minor,
-                                    ),
+                                    counts: round.counts(),
                                 },
                                 now,
                             ) {
@@ -1409,6 +1415,32 @@ impl Daemon {
                 "Last hint round accepted.",
             );
             e.sample("vtism_vm_last_round", &l, v.last_round as f64);
+            if let Some(t) = &v.tracker_report {
+                fam(
+                    &mut e,
+                    "vtism_vm_tracker_window_seconds",
+                    "gauge",
+                    "The guest tracker's observation windows (fine, coarse) at its last round.",
+                );
+                for (window, w) in [("fine", t.window), ("coarse", t.coarse_window)] {
+                    e.sample(
+                        "vtism_vm_tracker_window_seconds",
+                        &[("vm", name), ("window", window)],
+                        w.as_duration().as_secs_f64(),
+                    );
+                }
+                fam(
+                    &mut e,
+                    "vtism_vm_tracker_cpu_seconds",
+                    "gauge",
+                    "CPU time the guest tracker reported for its last round.",
+                );
+                e.sample(
+                    "vtism_vm_tracker_cpu_seconds",
+                    &l,
+                    t.tracker_cpu.as_duration().as_secs_f64(),
+                );
+            }
             fam(
                 &mut e,
                 "vtism_vm_channel_up",
@@ -1463,6 +1495,12 @@ impl Daemon {
                 "last_round": v.last_round,
                 "last_round_age_s": v.last_round_at.map(|t| t.elapsed().as_secs_f64()),
                 "last_round_entries": v.last_entries,
+                "channel_minor": v.channel_minor,
+                "tracker_window_us": v.tracker_report.map(|t| t.window.0),
+                "tracker_coarse_window_us": v.tracker_report.map(|t| t.coarse_window.0),
+                "tracker_windows": v.tracker_report.map(|t| t.windows),
+                "tracker_cpu_us": v.tracker_report.map(|t| t.tracker_cpu.0),
+                "tracker_tracked_frames": v.tracker_report.map(|t| t.tracked_frames),
                 "rounds_accepted": c.accepted(),
                 "rounds_rejected": c.total_rejected() + v.over_budget,
                 "rejected_by_reason": rejected,

@@ -13,7 +13,10 @@ use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
 use vtism_host::sys::FileMapping;
 use vtism_proto::layout::off;
-use vtism_proto::{ChannelWriter, Gfn, HintEntry, PageType, RoundMeta, SharedRegion, Tracker};
+use vtism_proto::{
+    ChannelWriter, Gfn, HintEntry, Micros, PageType, RoundMeta, SharedRegion, Tracker,
+    TrackerReport,
+};
 
 mod common;
 use common::{daemon_sections, fake_qemu, RAM_FRAMES};
@@ -66,16 +69,26 @@ fast_quota_mib = 1
     .unwrap();
     let mut d = Daemon::new(cfg, None).unwrap();
 
-    // The guest publishes 64 hot frames.
+    // The guest, a v1.1 tracker, publishes 64 frames accessed 16 times a second (level 160).
     let map = FileMapping::open(&chan, 1 << 20).unwrap();
     let region = map.region();
     let mut w = ChannelWriter::init(&region, Tracker::Harness).unwrap();
     let hot: Vec<HintEntry> = (0..64)
-        .map(|g| HintEntry::new(Gfn(g), 8, false, PageType::Anon, false, true))
+        .map(|g| HintEntry::new(Gfn(g), 160, false, PageType::Anon, false, true))
         .collect();
+    let meta = RoundMeta {
+        tracker_report: TrackerReport {
+            window: Micros(100_000),
+            coarse_window: Micros(1_500),
+            windows: 12,
+            tracker_cpu: Micros(2_500),
+            tracked_frames: RAM_FRAMES,
+        },
+        ..RoundMeta::default()
+    };
     let mut slowest = Duration::ZERO;
     for _ in 0..10 {
-        w.publish(&hot, &RoundMeta::default()).unwrap();
+        w.publish(&hot, &meta).unwrap();
         let t = std::time::Instant::now();
         d.round();
         slowest = slowest.max(t.elapsed());
@@ -89,6 +102,22 @@ fast_quota_mib = 1
     assert_eq!(v["ram_bytes"], RAM_FRAMES * 4096);
     assert!(v["rounds_accepted"].as_u64().unwrap() >= 5, "{v}");
     assert_eq!(v["channel_problem"], Value::Null);
+    // What the tracker reported is shown.
+    assert_eq!(v["channel_minor"], 1, "{v}");
+    assert_eq!(v["tracker_window_us"], 100_000);
+    assert_eq!(v["tracker_coarse_window_us"], 1_500);
+    assert_eq!(v["tracker_windows"], 12);
+    assert_eq!(v["tracker_cpu_us"], 2_500);
+    assert_eq!(v["tracker_tracked_frames"], RAM_FRAMES);
+    let m = vtism_host::serve::ctl_request(&dir.join("ctl.sock"), "metrics").unwrap();
+    let m = m["metrics"].as_str().unwrap();
+    for line in [
+        "vtism_vm_tracker_window_seconds{vm=\"fake\",window=\"fine\"} 0.1",
+        "vtism_vm_tracker_window_seconds{vm=\"fake\",window=\"coarse\"} 0.0015",
+        "vtism_vm_tracker_cpu_seconds{vm=\"fake\"} 0.0025",
+    ] {
+        assert!(m.lines().any(|l| l == line), "no `{line}` in\n{m}");
+    }
     assert_eq!(v["quota_bytes"], 1 << 20);
     // The placement was learned from real move_pages queries on this process: every page is on
     // a node of this machine (node 0 is in the fast tier of the fixture topology).

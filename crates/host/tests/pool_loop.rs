@@ -21,7 +21,8 @@ use vtism_host::daemon::Daemon;
 use vtism_host::sys::FileMapping;
 use vtism_proto::layout::off;
 use vtism_proto::{
-    ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, SharedRegion, Tracker,
+    ChannelVersion, ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, SharedRegion,
+    Tracker, WriterConfig,
 };
 
 const MIB: u64 = 1 << 20;
@@ -232,8 +233,14 @@ fn pool_moves_quota_to_the_vm_with_the_larger_hot_set() {
     );
 
     // big's guest reports RAM_FRAMES hot frames (4 MiB), small's 16 (64 KiB).
-    let mut wb = ChannelWriter::init(&rb, Tracker::Harness).unwrap();
-    let mut ws = ChannelWriter::init(&rs, Tracker::Harness).unwrap();
+    // Guests that still speak v1.0 (counts are rounds seen) are pooled as before.
+    let old_guest = WriterConfig {
+        tracker: Tracker::Harness,
+        version: ChannelVersion::V1_0,
+        ..WriterConfig::default()
+    };
+    let mut wb = ChannelWriter::init_with(&rb, old_guest).unwrap();
+    let mut ws = ChannelWriter::init_with(&rs, old_guest).unwrap();
     let (hb, hs) = (hints(RAM_FRAMES), hints(16));
     let mut publish = || {
         wb.publish(&hb, &RoundMeta::default()).unwrap();

@@ -45,6 +45,21 @@ pub fn level_of_rate(hz: f64) -> u8 {
         .clamp(0.0, 255.0) as u8
 }
 
+/// The largest young share a rate is taken from: a frame young in every window has no finite
+/// estimate, so the share is capped (the tracker design's `s < 1 - 1/256`).
+pub const SHARE_MAX: f64 = 1.0 - 1.0 / 256.0;
+
+/// Accesses per second of a frame accessed as a Poisson process and found young in a share
+/// `share` of observation windows of `window_s` seconds: `-ln(1 - share) / window_s`, the share
+/// clamped to `0..=SHARE_MAX`; 0 for a window that is not positive.
+/// (`vtism_ch_rate_of_share` in guest/module/vtism_channel.h is the kernel's fixed-point twin.)
+pub fn rate_of_young_share(share: f64, window_s: f64) -> f64 {
+    if window_s.is_nan() || window_s <= 0.0 || share.is_nan() {
+        return 0.0;
+    }
+    -(1.0 - share.clamp(0.0, SHARE_MAX)).ln() / window_s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +76,21 @@ mod tests {
         for l in 0..=255u8 {
             assert_eq!(level_of_rate(rate_hz(l)), l);
         }
+    }
+
+    #[test]
+    fn young_share_rates() {
+        assert_eq!(rate_of_young_share(0.0, 0.1), 0.0);
+        assert_eq!(rate_of_young_share(0.5, 0.0), 0.0);
+        // Young in half of the 1 s windows: ln 2 accesses per second.
+        assert!((rate_of_young_share(0.5, 1.0) - std::f64::consts::LN_2).abs() < 1e-12);
+        // Capped: always young in 1 ms windows is 256 ln 2 / 1 ms, not infinite.
+        let cap = rate_of_young_share(1.0, 1e-3);
+        assert!(
+            (cap - 8.0 * std::f64::consts::LN_2 * 1e3).abs() < 1e-6,
+            "{cap}"
+        );
+        assert_eq!(rate_of_young_share(2.0, 1e-3), cap);
     }
 
     #[test]

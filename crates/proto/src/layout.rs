@@ -1,11 +1,15 @@
-//! Channel v1.0 layout constants and the small types both sides share (docs/channel.md, "Layout").
+//! Channel v1.1 layout constants and the small types both sides share (docs/channel.md, "Layout").
 
+use crate::count::CountMeaning;
 use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::Duration;
 
 /// `VTISMCH1` read as a little-endian u64.
 pub const MAGIC: u64 = 0x3148_434D_5349_5456;
 pub const VERSION_MAJOR: u16 = 1;
-pub const VERSION_MINOR: u16 = 0;
+/// The newest minor version this crate reads and writes.
+pub const VERSION_MINOR: u16 = 1;
 pub const HEADER_SIZE: u32 = 4096;
 pub const ENTRIES_OFFSET: u32 = 4096;
 pub const ENTRY_SIZE: u32 = 8;
@@ -15,7 +19,7 @@ pub const HOST_VERSION: u32 = (VERSION_MAJOR as u32) << 16 | VERSION_MINOR as u3
 
 /// Publication flag: the guest found more hot frames than it published.
 pub const FLAG_OVERFLOW: u32 = 1;
-/// Flags a v1.0 writer may set.
+/// Flags a v1.0 or v1.1 writer may set.
 pub const FLAGS_KNOWN: u32 = FLAG_OVERFLOW;
 
 /// Byte offsets of the header fields.
@@ -30,18 +34,28 @@ pub mod off {
     pub const CAPACITY: usize = 0x020;
     pub const TRACKER: usize = 0x028;
     pub const PAGE_SHIFT: usize = 0x02C;
-    pub const RESERVED0: usize = 0x030;
+    /// 16 reserved bytes of the identity block.
+    pub const RESERVED_IDENTITY: usize = 0x030;
     pub const SEQ: usize = 0x040;
     pub const ROUND: usize = 0x048;
     pub const COUNT: usize = 0x050;
     pub const FLAGS: usize = 0x058;
     pub const SCAN_INTERVAL_MS: usize = 0x05C;
     pub const SCAN_DURATION_US: usize = 0x060;
-    pub const RESERVED1: usize = 0x064;
+    /// v1.1 (reserved in v1.0).
+    pub const WINDOW_US: usize = 0x064;
     pub const TRACKED_BYTES: usize = 0x068;
     pub const HOT_FRAMES: usize = 0x070;
     pub const PUBLISH_TIME_NS: usize = 0x078;
-    pub const RESERVED2: usize = 0x080;
+    /// v1.1 (0x080-0x097 were reserved in v1.0).
+    pub const WINDOWS: usize = 0x080;
+    pub const TRACKER_CPU_US: usize = 0x084;
+    pub const COARSE_WINDOW_US: usize = 0x088;
+    /// A reserved u32 of v1.1, keeping `tracked_frames` 8-aligned.
+    pub const RESERVED_PUBLICATION: usize = 0x08C;
+    pub const TRACKED_FRAMES: usize = 0x090;
+    /// Reserved from here to `GUEST_END` in v1.1.
+    pub const RESERVED_TAIL: usize = 0x098;
     /// End of the guest-written half of the header page.
     pub const GUEST_END: usize = 0x800;
     pub const HOST_SEQ: usize = 0x800;
@@ -52,6 +66,117 @@ pub mod off {
     pub const FAST_QUOTA_BYTES: usize = 0x820;
     pub const REJECTED_ROUNDS: usize = 0x828;
     pub const HOST_VERSION: usize = 0x830;
+}
+
+/// Guest-header bytes a writer must leave zero: `len` bytes at `offset`, or for a 4-byte item
+/// the bits of `mask` (the unknown `flags` bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reserved {
+    pub offset: usize,
+    pub len: usize,
+    pub mask: u32,
+}
+
+const fn span(offset: usize, end: usize) -> Reserved {
+    Reserved {
+        offset,
+        len: end - offset,
+        mask: u32::MAX,
+    }
+}
+
+const UNKNOWN_FLAGS: Reserved = Reserved {
+    offset: off::FLAGS,
+    len: 4,
+    mask: !FLAGS_KNOWN,
+};
+
+/// What a v1.0 writer leaves zero, in offset order.
+const RESERVED_V1_0: [Reserved; 4] = [
+    span(off::RESERVED_IDENTITY, off::SEQ),
+    UNKNOWN_FLAGS,
+    span(off::WINDOW_US, off::TRACKED_BYTES),
+    span(off::WINDOWS, off::GUEST_END),
+];
+
+/// What a v1.1 writer leaves zero, in offset order.
+const RESERVED_V1_1: [Reserved; 4] = [
+    span(off::RESERVED_IDENTITY, off::SEQ),
+    UNKNOWN_FLAGS,
+    span(off::RESERVED_PUBLICATION, off::TRACKED_FRAMES),
+    span(off::RESERVED_TAIL, off::GUEST_END),
+];
+
+/// The reserved guest-header space of a writer of `version_minor`, in offset order; `None` for a
+/// minor newer than this crate knows (its fields are ignored, not checked).
+pub const fn reserved_header(version_minor: u16) -> Option<&'static [Reserved]> {
+    match version_minor {
+        0 => Some(&RESERVED_V1_0),
+        1 => Some(&RESERVED_V1_1),
+        _ => None,
+    }
+}
+
+/// The channel versions a writer can speak (docs/channel.md, "Versions").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ChannelVersion {
+    /// `count` is rounds seen; the v1.1 publication fields stay zero (an old guest).
+    V1_0,
+    /// `count` is a rate level; the tracker report is published.
+    #[default]
+    V1_1,
+}
+
+impl ChannelVersion {
+    pub const fn minor(self) -> u16 {
+        match self {
+            ChannelVersion::V1_0 => 0,
+            ChannelVersion::V1_1 => 1,
+        }
+    }
+    /// What the entries' `count` means in rounds of this version.
+    pub const fn counts(self) -> CountMeaning {
+        CountMeaning::for_minor(self.minor())
+    }
+}
+
+/// A span of time in microseconds, as the channel carries it (u32: at most about 71 minutes).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Micros(pub u32);
+
+impl Micros {
+    /// The duration in whole microseconds, saturating at `u32::MAX`.
+    pub fn saturating_from(d: Duration) -> Micros {
+        Micros(u32::try_from(d.as_micros()).unwrap_or(u32::MAX))
+    }
+    pub const fn as_duration(self) -> Duration {
+        Duration::from_micros(self.0 as u64)
+    }
+}
+
+impl fmt::Display for Micros {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} us", self.0)
+    }
+}
+
+/// What a v1.1 tracker reports with each round about its observation windows and cost
+/// (informational: never validated beyond the reserved-bits rules).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TrackerReport {
+    /// The fine observation window W_f at publication (`window_us`).
+    pub window: Micros,
+    /// The coarse observation window W_c at publication (`coarse_window_us`).
+    pub coarse_window: Micros,
+    /// Observation windows, coarse and fine, completed since the last round.
+    pub windows: u32,
+    /// CPU time the tracker spent since the last round, publication included.
+    pub tracker_cpu: Micros,
+    /// Frames the tracker holds state for.
+    pub tracked_frames: u64,
 }
 
 /// Entries a region of `region_size` bytes holds with the standard layout (as `vtism_ch_capacity_for`).
@@ -124,5 +249,49 @@ impl Default for Feedback {
             rejected_rounds: 0,
             host_version: HOST_VERSION,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reserved items are what the reader can check: u32s or whole words, in offset order,
+    /// inside the guest half, clear of every field the version defines.
+    #[test]
+    fn reserved_space_is_well_formed() {
+        let fields_v1_0 = [
+            (off::MAGIC, 0x030),
+            (off::SEQ, off::SCAN_DURATION_US + 4),
+            (off::TRACKED_BYTES, off::WINDOWS),
+        ];
+        let fields_v1_1 = [
+            (off::MAGIC, 0x030),
+            (off::SEQ, off::RESERVED_PUBLICATION),
+            (off::TRACKED_FRAMES, off::RESERVED_TAIL),
+        ];
+        for (minor, fields) in [(0u16, &fields_v1_0[..]), (1, &fields_v1_1[..])] {
+            let items = reserved_header(minor).unwrap();
+            let mut end = 0;
+            let mut covered = 0;
+            for r in items {
+                assert!(r.offset >= end, "v1.{minor}: {r:?} out of order");
+                assert!(r.len == 4 && r.offset % 4 == 0 || r.len % 8 == 0 && r.offset % 8 == 0);
+                assert!(r.offset + r.len <= off::GUEST_END);
+                end = r.offset + r.len;
+                if r.offset != off::FLAGS {
+                    covered += r.len;
+                    for &(a, b) in fields {
+                        assert!(r.offset + r.len <= a || r.offset >= b, "v1.{minor}: {r:?}");
+                    }
+                }
+            }
+            // Fields and reserved space together fill the guest half (flags is a field).
+            let field_bytes: usize = fields.iter().map(|(a, b)| b - a).sum();
+            assert_eq!(covered + field_bytes, off::GUEST_END, "v1.{minor}");
+        }
+        assert_eq!(reserved_header(2), None);
+        assert_eq!(HOST_VERSION, 0x1_0001);
+        assert_eq!(ChannelVersion::default().minor(), VERSION_MINOR);
     }
 }

@@ -16,7 +16,7 @@ pub mod writer;
 pub use addr::{Gfn, Gpa, Hva, FRAME_SHIFT, FRAME_SIZE, HUGE_FRAMES};
 pub use count::CountMeaning;
 pub use entry::{HintEntry, PageType};
-pub use layout::{Feedback, Tracker, HOST_VERSION};
+pub use layout::{ChannelVersion, Feedback, Micros, Tracker, TrackerReport, HOST_VERSION};
 pub use ram_map::{GfnRange, RamMap, RamMapError};
 pub use reader::{
     read_feedback, validate_entries, write_feedback, ChannelError, ChannelReader, HintRound,

@@ -4,8 +4,9 @@
 //! so what the reader returns cannot change under the caller. Everything is checked, nothing can
 //! panic, and the copy is bounded by the mapped size whatever the header says.
 
+use crate::count::CountMeaning;
 use crate::entry::{HintEntry, GFN_MASK, HUGE_BIT, RESERVED_MASK};
-use crate::layout::{self, off, Feedback, Tracker, FLAGS_KNOWN, FLAG_OVERFLOW};
+use crate::layout::{self, off, Feedback, Micros, Reserved, Tracker, TrackerReport, FLAG_OVERFLOW};
 use crate::ram_map::RamMap;
 use crate::region::{AccessError, SharedRegion};
 use crate::{Gfn, HUGE_FRAMES};
@@ -25,13 +26,16 @@ pub struct HintRound {
     pub seq: u64,
     pub version_minor: u16,
     pub tracker: Tracker,
-    /// Raw publication flags; bits unknown to v1.0 are possible only when `version_minor > 0`.
+    /// Raw publication flags; bits unknown to this reader are possible only when
+    /// `version_minor > 1`.
     pub flags: u32,
     pub scan_interval_ms: u32,
     pub scan_duration_us: u32,
     pub tracked_bytes: u64,
     pub hot_frames: u64,
     pub publish_time_ns: u64,
+    /// The tracker's windows and cost; `None` from a v1.0 writer, which has no such fields.
+    pub tracker_report: Option<TrackerReport>,
     /// Entries in published order (hottest first), every one validated; duplicates are kept.
     pub entries: Vec<HintEntry>,
 }
@@ -40,6 +44,10 @@ impl HintRound {
     /// The guest found more hot frames than it published.
     pub fn overflow(&self) -> bool {
         self.flags & FLAG_OVERFLOW != 0
+    }
+    /// What the entries' `count` means, fixed by the writer's minor version.
+    pub fn counts(&self) -> CountMeaning {
+        CountMeaning::for_minor(self.version_minor)
     }
 }
 
@@ -248,6 +256,7 @@ struct Header {
     tracked_bytes: u64,
     hot_frames: u64,
     publish_time_ns: u64,
+    tracker_report: Option<TrackerReport>,
 }
 
 fn w(words: &[u64; GUEST_WORDS], offset: usize) -> u64 {
@@ -260,7 +269,8 @@ fn hi(v: u64) -> u32 {
     (v >> 32) as u32
 }
 
-/// Checks 2, 3, 4, 1 (region_size), 5, 6 and 9 on the copied header page, in that order.
+/// Checks 2, 3, 4, 1 (region_size), 5, 6 and 9 on the copied header page, in that order. The
+/// reserved space checked (9) is the writer's minor version's; a newer minor's is not checked.
 fn validate_header(words: &[u64; GUEST_WORDS], mapped: u64) -> Result<Header, ChannelError> {
     let magic = w(words, off::MAGIC);
     if magic != layout::MAGIC {
@@ -316,28 +326,27 @@ fn validate_header(words: &[u64; GUEST_WORDS], mapped: u64) -> Result<Header, Ch
     if count > capacity {
         return Err(ChannelError::CountBeyondCapacity { count, capacity });
     }
+    if let Some((offset, value)) =
+        layout::reserved_header(minor).and_then(|r| reserved_set(words, r))
+    {
+        return Err(ChannelError::ReservedHeaderBits {
+            offset: offset as u32,
+            value,
+        });
+    }
     let fl = w(words, off::FLAGS);
     let sd = w(words, off::SCAN_DURATION_US);
-    if minor == 0 {
-        // A v1.M writer (M > 0) may use reserved space and flag bits this reader does not know.
-        let reserved = [
-            (off::RESERVED0, w(words, off::RESERVED0)),
-            (off::RESERVED0 + 8, w(words, off::RESERVED0 + 8)),
-            (off::FLAGS, u64::from(lo(fl) & !FLAGS_KNOWN)),
-            (off::RESERVED1, u64::from(hi(sd))),
-        ];
-        let tail = words
-            .iter()
-            .enumerate()
-            .skip(off::RESERVED2 / 8)
-            .map(|(i, &v)| (i * 8, v));
-        if let Some((offset, value)) = reserved.into_iter().chain(tail).find(|&(_, v)| v != 0) {
-            return Err(ChannelError::ReservedHeaderBits {
-                offset: offset as u32,
-                value,
-            });
+    // A v1.M writer (M > 1) keeps the meaning of every v1.1 field.
+    let tracker_report = (minor >= 1).then(|| {
+        let wc = w(words, off::WINDOWS);
+        TrackerReport {
+            window: Micros(hi(sd)),
+            coarse_window: Micros(lo(w(words, off::COARSE_WINDOW_US))),
+            windows: lo(wc),
+            tracker_cpu: Micros(hi(wc)),
+            tracked_frames: w(words, off::TRACKED_FRAMES),
         }
-    }
+    });
     Ok(Header {
         version_minor: minor,
         entries_offset,
@@ -351,6 +360,33 @@ fn validate_header(words: &[u64; GUEST_WORDS], mapped: u64) -> Result<Header, Ch
         tracked_bytes: w(words, off::TRACKED_BYTES),
         hot_frames: w(words, off::HOT_FRAMES),
         publish_time_ns: w(words, off::PUBLISH_TIME_NS),
+        tracker_report,
+    })
+}
+
+/// The first reserved item (in offset order) that is not zero: its offset and value.
+fn reserved_set(words: &[u64; GUEST_WORDS], reserved: &[Reserved]) -> Option<(usize, u64)> {
+    reserved.iter().find_map(|r| {
+        if r.len == 4 {
+            let word = w(words, r.offset & !7);
+            let half = if r.offset % 8 == 0 {
+                lo(word)
+            } else {
+                hi(word)
+            };
+            let value = u64::from(half & r.mask);
+            (value != 0).then_some((r.offset, value))
+        } else {
+            let first = r.offset / 8;
+            let n = r.len / 8;
+            words
+                .iter()
+                .enumerate()
+                .skip(first)
+                .take(n)
+                .find(|&(_, &v)| v != 0)
+                .map(|(i, &v)| (i * 8, v))
+        }
     })
 }
 
@@ -616,6 +652,7 @@ impl ChannelReader {
             tracked_bytes: h.tracked_bytes,
             hot_frames: h.hot_frames,
             publish_time_ns: h.publish_time_ns,
+            tracker_report: h.tracker_report,
             entries,
         }))
     }

@@ -2,7 +2,7 @@
 //! C helpers in `guest/module/vtism_channel.h`, which the shared vectors check.
 
 use crate::entry::HintEntry;
-use crate::layout::{self, off, Feedback, Tracker, FLAG_OVERFLOW};
+use crate::layout::{self, off, ChannelVersion, Feedback, Tracker, TrackerReport, FLAG_OVERFLOW};
 use crate::reader::read_feedback;
 use crate::region::{AccessError, SharedRegion};
 use std::sync::atomic::{fence, Ordering};
@@ -28,6 +28,9 @@ pub struct WriterConfig {
     pub region_size: Option<u64>,
     /// Keep the host's feedback block (a tracker reloading while the host runs).
     pub preserve_feedback: bool,
+    /// The version written into the header. `V1_0` makes an old guest (counts are rounds seen,
+    /// no tracker report); the default is the newest, v1.1.
+    pub version: ChannelVersion,
 }
 
 /// Per-round values published with the entries.
@@ -41,6 +44,8 @@ pub struct RoundMeta {
     /// Hot 4 KiB frames found before any truncation.
     pub hot_frames: u64,
     pub publish_time_ns: u64,
+    /// The tracker's windows and cost (v1.1 fields; a v1.0 writer leaves them zero).
+    pub tracker_report: TrackerReport,
 }
 
 /// What a `publish` did.
@@ -60,11 +65,12 @@ pub struct Published {
 pub struct ChannelWriter<R: SharedRegion> {
     region: R,
     capacity: u64,
+    version: ChannelVersion,
     feedback: Option<Feedback>,
 }
 
 impl<R: SharedRegion> ChannelWriter<R> {
-    /// Initialises the region for a tracker, clearing the host's feedback.
+    /// Initialises the region for a tracker as a v1.1 writer, clearing the host's feedback.
     pub fn init(region: R, tracker: Tracker) -> Result<Self, WriterError> {
         Self::init_with(
             region,
@@ -103,7 +109,7 @@ impl<R: SharedRegion> ChannelWriter<R> {
         }
         region.store_u32(
             off::VERSION_MAJOR,
-            u32::from(layout::VERSION_MAJOR) | u32::from(layout::VERSION_MINOR) << 16,
+            u32::from(layout::VERSION_MAJOR) | u32::from(cfg.version.minor()) << 16,
         )?;
         region.store_u32(off::HEADER_SIZE, layout::HEADER_SIZE)?;
         region.store_u64(off::REGION_SIZE, region_size)?;
@@ -118,8 +124,14 @@ impl<R: SharedRegion> ChannelWriter<R> {
         Ok(ChannelWriter {
             region,
             capacity,
+            version: cfg.version,
             feedback: None,
         })
+    }
+
+    /// The version this writer speaks.
+    pub fn version(&self) -> ChannelVersion {
+        self.version
     }
 
     /// Entries the array holds.
@@ -138,6 +150,7 @@ impl<R: SharedRegion> ChannelWriter<R> {
     /// Publishes one round of entries, hottest first. Keeps the first `entry_limit()` entries
     /// (refreshing the host's feedback first) and sets OVERFLOW if any were dropped. Invalid
     /// entries (reserved bits, misaligned 2 MiB units) are refused before anything is written.
+    /// A v1.0 writer ignores `meta.tracker_report` (that space is reserved in v1.0).
     pub fn publish(
         &mut self,
         entries: &[HintEntry],
@@ -170,6 +183,14 @@ impl<R: SharedRegion> ChannelWriter<R> {
         r.store_u64(off::TRACKED_BYTES, meta.tracked_bytes)?;
         r.store_u64(off::HOT_FRAMES, meta.hot_frames)?;
         r.store_u64(off::PUBLISH_TIME_NS, meta.publish_time_ns)?;
+        if self.version == ChannelVersion::V1_1 {
+            let t = &meta.tracker_report;
+            r.store_u32(off::WINDOW_US, t.window.0)?;
+            r.store_u32(off::WINDOWS, t.windows)?;
+            r.store_u32(off::TRACKER_CPU_US, t.tracker_cpu.0)?;
+            r.store_u32(off::COARSE_WINDOW_US, t.coarse_window.0)?;
+            r.store_u64(off::TRACKED_FRAMES, t.tracked_frames)?;
+        }
         fence(Ordering::Release);
         r.store_u64(off::SEQ, seq.wrapping_add(1))?;
         Ok(Published {

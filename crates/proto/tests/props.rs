@@ -39,6 +39,23 @@ fn entry_in(ram: &RamMap, pick: u64, count: u32, flags: u8) -> HintEntry {
     }
 }
 
+fn arb_report() -> impl Strategy<Value = TrackerReport> {
+    (
+        any::<u32>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<u64>(),
+    )
+        .prop_map(|(w, c, n, cpu, f)| TrackerReport {
+            window: Micros(w),
+            coarse_window: Micros(c),
+            windows: n,
+            tracker_cpu: Micros(cpu),
+            tracked_frames: f,
+        })
+}
+
 fn arb_meta() -> impl Strategy<Value = RoundMeta> {
     (
         any::<bool>(),
@@ -47,15 +64,49 @@ fn arb_meta() -> impl Strategy<Value = RoundMeta> {
         any::<u64>(),
         any::<u64>(),
         any::<u64>(),
+        arb_report(),
     )
-        .prop_map(|(o, i, d, t, h, p)| RoundMeta {
+        .prop_map(|(o, i, d, t, h, p, r)| RoundMeta {
             overflow: o,
             scan_interval_ms: i,
             scan_duration_us: d,
             tracked_bytes: t,
             hot_frames: h,
             publish_time_ns: p,
+            tracker_report: r,
         })
+}
+
+/// The reserved guest-header bytes of a v1.0 and a v1.1 writer, written out here from
+/// docs/channel.md rather than taken from the crate: `(offset, len)`; `flags` apart.
+fn reserved_spans(minor: u16) -> Option<&'static [(usize, usize)]> {
+    match minor {
+        0 => Some(&[(0x030, 16), (0x064, 4), (0x080, 0x780)]),
+        1 => Some(&[(0x030, 16), (0x08C, 4), (0x098, 0x768)]),
+        _ => None,
+    }
+}
+
+/// The spec's promise about the header of an accepted round, checked on the (static) region.
+fn assert_header_valid(region: &OwnedRegion, round: &HintRound) {
+    let bytes = region.to_bytes();
+    let minor = u16::from_le_bytes([bytes[0x0a], bytes[0x0b]]);
+    assert_eq!(minor, round.version_minor);
+    assert_eq!(round.counts(), CountMeaning::for_minor(minor));
+    assert_eq!(round.tracker_report.is_some(), minor >= 1);
+    if let Some(spans) = reserved_spans(minor) {
+        for &(o, n) in spans {
+            assert!(
+                bytes[o..o + n].iter().all(|&b| b == 0),
+                "reserved {o:#x} set"
+            );
+        }
+        assert_eq!(
+            round.flags & !1,
+            0,
+            "unknown flag accepted from a v1.{minor} writer"
+        );
+    }
 }
 
 /// What the spec promises about anything the reader accepts.
@@ -79,13 +130,15 @@ proptest! {
         budget in prop::option::of(0u64..300),
         metas in prop::collection::vec(arb_meta(), 1..4),
         tracker in any::<u32>(),
+        old_guest in any::<bool>(),
     ) {
         let entries: Vec<HintEntry> = raw.iter().map(|&(p, c, f)| entry_in(&ram, p, c, f)).collect();
         let region = OwnedRegion::zeroed(4096 + cap * 8);
         if let Some(b) = budget {
             write_feedback(&region, &Feedback { entry_budget: b, ..Feedback::default() }).unwrap();
         }
-        let cfg = WriterConfig { tracker: Tracker::from_raw(tracker), preserve_feedback: true, ..WriterConfig::default() };
+        let version = if old_guest { ChannelVersion::V1_0 } else { ChannelVersion::V1_1 };
+        let cfg = WriterConfig { tracker: Tracker::from_raw(tracker), preserve_feedback: true, version, ..WriterConfig::default() };
         let mut w = ChannelWriter::init_with(&region, cfg).unwrap();
         let mut reader = ChannelReader::new();
         for (i, meta) in metas.iter().enumerate() {
@@ -94,6 +147,10 @@ proptest! {
             let p = w.publish(these, meta).unwrap();
             let round = reader.read(&region, &ram).unwrap().expect("a new round");
             assert_valid(&round, &ram);
+            assert_header_valid(&region, &round);
+            prop_assert_eq!(round.version_minor, version.minor());
+            prop_assert_eq!(round.counts(), version.counts());
+            prop_assert_eq!(round.tracker_report, (!old_guest).then_some(meta.tracker_report));
             let limit = match budget { Some(b) if b > 0 => (b as usize).min(cap), _ => cap };
             let kept = these.len().min(limit);
             prop_assert_eq!(&round.entries[..], &these[..kept]);
@@ -139,7 +196,10 @@ proptest! {
         let region = OwnedRegion::from_bytes(&bytes);
         let mut reader = ChannelReader::new();
         match reader.read(&region, &ram) {
-            Ok(Some(round)) => assert_valid(&round, &ram),
+            Ok(Some(round)) => {
+                assert_valid(&round, &ram);
+                assert_header_valid(&region, &round);
+            }
             Ok(None) => {}
             Err(e) => prop_assert!((1..=12).contains(&e.code()) && e.code() != 8),
         }
@@ -152,11 +212,15 @@ proptest! {
         ram in ram_map(),
         raw in prop::collection::vec((any::<u64>(), any::<u32>(), any::<u8>()), 1..64),
         pokes in prop::collection::vec((0usize..(4096 + 64 * 8) / 8, any::<u64>(), any::<bool>()), 1..6),
+        old_guest in any::<bool>(),
+        meta in arb_meta(),
     ) {
         let entries: Vec<HintEntry> = raw.iter().map(|&(p, c, f)| entry_in(&ram, p, c, f)).collect();
         let region = OwnedRegion::zeroed(4096 + 64 * 8);
-        let mut w = ChannelWriter::init(&region, Tracker::Harness).unwrap();
-        w.publish(&entries, &RoundMeta::default()).unwrap();
+        let version = if old_guest { ChannelVersion::V1_0 } else { ChannelVersion::V1_1 };
+        let cfg = WriterConfig { tracker: Tracker::Harness, version, ..WriterConfig::default() };
+        let mut w = ChannelWriter::init_with(&region, cfg).unwrap();
+        w.publish(&entries, &meta).unwrap();
         for &(word, value, small) in &pokes {
             // Small values hit the interesting boundaries (counts, offsets, versions) more often.
             let v = if small { value % 0x2000 } else { value };
@@ -166,6 +230,7 @@ proptest! {
         match ChannelReader::new().read(&region, &ram) {
             Ok(Some(round)) => {
                 assert_valid(&round, &ram);
+                assert_header_valid(&region, &round);
                 prop_assert!(!seq_odd);
             }
             Ok(None) => {}

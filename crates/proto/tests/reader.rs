@@ -38,6 +38,13 @@ fn publish_then_read_roundtrips_every_field() {
         tracked_bytes: 1 << 30,
         hot_frames: 515,
         publish_time_ns: 987_654_321,
+        tracker_report: TrackerReport {
+            window: Micros(100_000),
+            coarse_window: Micros(800),
+            windows: 41,
+            tracker_cpu: Micros(9_500),
+            tracked_frames: 1 << 18,
+        },
     };
     let p = w.publish(&entries, &meta).unwrap();
     assert_eq!(
@@ -54,7 +61,9 @@ fn publish_then_read_roundtrips_every_field() {
     assert_eq!(round.round, 1);
     assert_eq!(round.seq, 4, "init leaves seq 2, one publish adds 2");
     assert_eq!(round.tracker, Tracker::Harness);
-    assert_eq!(round.version_minor, 0);
+    assert_eq!(round.version_minor, 1);
+    assert_eq!(round.counts(), CountMeaning::RateLevel);
+    assert_eq!(round.tracker_report, Some(meta.tracker_report));
     assert!(!round.overflow());
     assert_eq!(
         (
@@ -477,4 +486,105 @@ fn mmap_region_reads_what_owned_writer_wrote() {
     let round = ChannelReader::new().read(&region, &ram()).unwrap().unwrap();
     assert_eq!(round.entries, vec![entry(7), entry(8)]);
     assert_eq!(round.tracker, Tracker::Module);
+}
+
+/// A writer configured as an old guest writes v1.0: no tracker report, counts are rounds seen.
+#[test]
+fn v1_0_writer_leaves_the_v1_1_fields_zero() {
+    let cfg = WriterConfig {
+        tracker: Tracker::Harness,
+        version: ChannelVersion::V1_0,
+        ..WriterConfig::default()
+    };
+    let mut w = ChannelWriter::init_with(OwnedRegion::zeroed(8192), cfg).unwrap();
+    assert_eq!(w.version(), ChannelVersion::V1_0);
+    let meta = RoundMeta {
+        tracker_report: TrackerReport {
+            window: Micros(1),
+            coarse_window: Micros(2),
+            windows: 3,
+            tracker_cpu: Micros(4),
+            tracked_frames: 5,
+        },
+        ..RoundMeta::default()
+    };
+    w.publish(&[entry(1)], &meta).unwrap();
+    let bytes = w.region().to_bytes();
+    assert!(bytes[0x064..0x068].iter().all(|&b| b == 0));
+    assert!(bytes[0x080..0x800].iter().all(|&b| b == 0));
+    let round = ChannelReader::new()
+        .read(w.region(), &ram())
+        .unwrap()
+        .unwrap();
+    assert_eq!(round.version_minor, 0);
+    assert_eq!(round.counts(), CountMeaning::RoundsSeen);
+    assert_eq!(round.tracker_report, None);
+}
+
+/// Each reserved item of a v1.0 and of a v1.1 writer is rejected with its own offset, the lowest
+/// offset first; a v1.2 writer's use of the same space is ignored.
+#[test]
+fn reserved_header_space_follows_the_writer_version() {
+    fn reject_offset(minor: u16, pokes: &[(usize, u32)]) -> Option<u32> {
+        let mut w = channel(8192);
+        w.publish(&[entry(1)], &RoundMeta::default()).unwrap();
+        let r = w.region();
+        r.store_u32(off::VERSION_MAJOR, 1 | u32::from(minor) << 16)
+            .unwrap();
+        // Clear what a v1.1 writer published, so only the pokes are set.
+        for o in [
+            off::WINDOW_US,
+            off::WINDOWS,
+            off::TRACKER_CPU_US,
+            off::COARSE_WINDOW_US,
+        ] {
+            r.store_u32(o, 0).unwrap();
+        }
+        r.store_u64(off::TRACKED_FRAMES, 0).unwrap();
+        for &(o, v) in pokes {
+            r.store_u32(o, v).unwrap();
+        }
+        match ChannelReader::new().read(r, &ram()) {
+            Ok(Some(_)) => None,
+            Err(ChannelError::ReservedHeaderBits { offset, .. }) => Some(offset),
+            other => panic!("v1.{minor} {pokes:x?}: {other:?}"),
+        }
+    }
+    let v1_0 = [
+        0x030, 0x03c, 0x058, 0x064, 0x080, 0x084, 0x088, 0x08c, 0x090, 0x094, 0x098, 0x7fc,
+    ];
+    let v1_1 = [0x030, 0x03c, 0x058, 0x08c, 0x098, 0x400, 0x7fc];
+    let v1_1_fields = [0x064, 0x080, 0x084, 0x088, 0x090, 0x094];
+    for (minor, reserved) in [(0u16, &v1_0[..]), (1, &v1_1[..])] {
+        assert_eq!(reject_offset(minor, &[]), None);
+        for &o in reserved {
+            // At 0x058 only the unknown flag bits are reserved.
+            let v = if o == off::FLAGS { 2 } else { 0x100 };
+            let at = (o & !7) as u32;
+            let want = if o == off::FLAGS || o % 8 != 0 && reserved_u32(minor, o) {
+                o as u32
+            } else {
+                at
+            };
+            assert_eq!(
+                reject_offset(minor, &[(o, v)]),
+                Some(want),
+                "v1.{minor} at {o:#x}"
+            );
+            // Together with anything later, the lowest offset is reported.
+            assert_eq!(reject_offset(minor, &[(0x7fc, 1), (o, v)]), Some(want));
+        }
+    }
+    for &o in &v1_1_fields {
+        assert_eq!(reject_offset(1, &[(o, 7)]), None, "v1.1 field {o:#x}");
+    }
+    for o in v1_0.into_iter().chain(v1_1) {
+        let v = if o == off::FLAGS { 0x11 } else { 0x100 };
+        assert_eq!(reject_offset(2, &[(o, v)]), None, "v1.2 at {o:#x}");
+    }
+}
+
+/// Reserved u32 items are reported at their own offset; reserved words at the word's.
+fn reserved_u32(minor: u16, offset: usize) -> bool {
+    matches!((minor, offset), (0, 0x064) | (1, 0x08c))
 }

@@ -6,7 +6,7 @@ mod vectors;
 
 use std::collections::BTreeSet;
 use std::fs;
-use vectors::{EntryJson, Expect, ExpectRound, VectorFile};
+use vectors::{EntryJson, Expect, ExpectRound, TrackerReportJson, VectorFile};
 use vtism_proto::{ChannelReader, Gfn, GfnRange, OwnedRegion, RamMap};
 
 fn committed() -> VectorFile {
@@ -63,6 +63,7 @@ fn every_vector_decodes_as_described() {
                 seq: r.seq,
                 round: r.round,
                 version_minor: r.version_minor,
+                counts: r.counts(),
                 tracker: r.tracker.raw(),
                 flags: r.flags,
                 overflow: r.overflow(),
@@ -71,6 +72,7 @@ fn every_vector_decodes_as_described() {
                 tracked_bytes: r.tracked_bytes,
                 hot_frames: r.hot_frames,
                 publish_time_ns: r.publish_time_ns,
+                tracker_report: r.tracker_report.map(TrackerReportJson::from_report),
                 entries: r
                     .entries
                     .iter()
@@ -113,4 +115,36 @@ fn every_vector_decodes_as_described() {
         .filter(|c| *c != 8 && !seen_codes.contains(c))
         .collect();
     assert!(missing.is_empty(), "no vector for reject codes {missing:?}");
+}
+
+#[test]
+fn level_tables_cover_the_scale() {
+    let file = committed();
+    let rate_levels: BTreeSet<u8> = file.rate_levels.iter().map(|c| c.level).collect();
+    assert_eq!(rate_levels.len(), 256, "every level 0-255 has a rate case");
+    // Both sides of each boundary: some rate case of level l - 1 and one of l at shift 16,
+    // one 2^-16 Hz apart.
+    for l in 1..=255u8 {
+        let has = |level: u8| {
+            file.rate_levels.iter().any(|c| {
+                c.shift == 16 && c.level == level && {
+                    let next = file
+                        .rate_levels
+                        .iter()
+                        .find(|d| d.shift == 16 && d.rate == c.rate + 1);
+                    next.is_some_and(|d| d.level == l)
+                }
+            })
+        };
+        assert!(
+            has(l - 1),
+            "no adjacent rates straddle the boundary below level {l}"
+        );
+    }
+    let share_levels: BTreeSet<u8> = file.share_levels.iter().map(|c| c.level).collect();
+    assert!(
+        share_levels.len() > 100 && share_levels.contains(&0) && share_levels.contains(&255),
+        "share cases reach {} levels",
+        share_levels.len()
+    );
 }

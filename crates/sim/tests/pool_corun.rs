@@ -63,10 +63,7 @@ fn pool_moves_quota_within_limits_and_beats_islands() {
     let moved = pool
         .samples
         .iter()
-        .filter(|s| {
-            s.quota[pr] < initial[pr]
-                && s.quota.iter().zip(&initial).any(|(q, i)| q > i)
-        })
+        .filter(|s| s.quota[pr] < initial[pr] && s.quota.iter().zip(&initial).any(|(q, i)| q > i))
         .count();
     assert!(
         moved >= 2,

@@ -12,8 +12,8 @@ use serde::Serialize;
 use vtism_engine::synth::GupsHotSet;
 use vtism_engine::*;
 use vtism_proto::{
-    ChannelReader, ChannelWriter, Gfn, HintEntry, OwnedRegion, PageType, RamMap, RoundMeta,
-    Tracker, FRAME_SIZE,
+    ChannelReader, ChannelVersion, ChannelWriter, Gfn, HintEntry, OwnedRegion, PageType, RamMap,
+    RoundMeta, Tracker, WriterConfig, FRAME_SIZE,
 };
 
 const MIB: u64 = 1 << 20;
@@ -157,7 +157,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let region_bytes = (hot as usize * 2 * 8 + 4096)
         .next_power_of_two()
         .max(1 << 20);
-    let mut writer = ChannelWriter::init(OwnedRegion::zeroed(region_bytes), Tracker::Harness)
+    // The synthetic guest's counts are rounds seen: it speaks v1.0.
+    let cfg = WriterConfig {
+        tracker: Tracker::Harness,
+        version: ChannelVersion::V1_0,
+        ..WriterConfig::default()
+    };
+    let mut writer = ChannelWriter::init_with(OwnedRegion::zeroed(region_bytes), cfg)
         .context("initialising the channel region")?;
     let mut reader = ChannelReader::new();
 
@@ -214,7 +220,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                     Observation::Hints {
                         entries: &r.entries,
                         overflow: r.overflow(),
-                        counts: vtism_proto::CountMeaning::for_minor(r.version_minor),
+                        counts: r.counts(),
                     },
                     now,
                 )?;

@@ -8,10 +8,11 @@
 #![allow(dead_code)]
 
 use serde::{Deserialize, Serialize};
+use vtism_proto::count::{level_of_rate, rate_of_young_share};
 use vtism_proto::layout::{self, off};
 use vtism_proto::{
-    write_feedback, ChannelWriter, Feedback, Gfn, HintEntry, OwnedRegion, PageType, RoundMeta,
-    SharedRegion, Tracker, WriterConfig,
+    write_feedback, ChannelVersion, ChannelWriter, CountMeaning, Feedback, Gfn, HintEntry, Micros,
+    OwnedRegion, PageType, RoundMeta, SharedRegion, Tracker, TrackerReport, WriterConfig,
 };
 
 pub const FORMAT: &str = "vtism-channel-vectors";
@@ -22,6 +23,26 @@ pub struct VectorFile {
     pub version: u32,
     pub notes: Vec<String>,
     pub vectors: Vec<Vector>,
+    /// `level_of_rate(rate / 2^shift)`: what `vtism_ch_level_of_rate` must return.
+    pub rate_levels: Vec<RateLevel>,
+    /// `level_of_rate(rate_of_young_share(share / 2^share_bits, window_us / 10^6))`: what
+    /// `vtism_ch_level_of_share` must return.
+    pub share_levels: Vec<ShareLevel>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLevel {
+    pub rate: u64,
+    pub shift: u32,
+    pub level: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareLevel {
+    pub share: u64,
+    pub share_bits: u32,
+    pub window_us: u32,
+    pub level: u8,
 }
 
 /// One region and what a fresh reader must make of it.
@@ -35,6 +56,8 @@ pub struct Vector {
     /// Bytes in the .bin file: what the host mapped.
     pub file_len: u64,
     pub tracker: u32,
+    /// The writer's minor version (0: an old guest; 1: the tracker report is published).
+    pub version_minor: u16,
     /// Guest-frame ranges `[start, end)` the reader validates against.
     pub ram_map: Vec<[u64; 2]>,
     /// Host block written before init (init then preserves it).
@@ -68,7 +91,31 @@ pub struct RoundJson {
     pub tracked_bytes: u64,
     pub hot_frames: u64,
     pub publish_time_ns: u64,
+    /// Written by a v1.1 writer; `null` for a v1.0 writer.
+    pub tracker_report: Option<TrackerReportJson>,
     pub entries: Vec<EntryJson>,
+}
+
+/// The v1.1 publication fields under their wire names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrackerReportJson {
+    pub window_us: u32,
+    pub windows: u32,
+    pub tracker_cpu_us: u32,
+    pub coarse_window_us: u32,
+    pub tracked_frames: u64,
+}
+
+impl TrackerReportJson {
+    pub fn from_report(t: TrackerReport) -> Self {
+        TrackerReportJson {
+            window_us: t.window.0,
+            windows: t.windows,
+            tracker_cpu_us: t.tracker_cpu.0,
+            coarse_window_us: t.coarse_window.0,
+            tracked_frames: t.tracked_frames,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +158,8 @@ pub struct ExpectRound {
     pub seq: u64,
     pub round: u64,
     pub version_minor: u16,
+    /// What `count` means: `rounds_seen` (v1.0) or `rate_level` (v1.1 and later).
+    pub counts: CountMeaning,
     pub tracker: u32,
     pub flags: u32,
     pub overflow: bool,
@@ -119,6 +168,8 @@ pub struct ExpectRound {
     pub tracked_bytes: u64,
     pub hot_frames: u64,
     pub publish_time_ns: u64,
+    /// `null` for a v1.0 writer.
+    pub tracker_report: Option<TrackerReportJson>,
     pub entries: Vec<EntryJson>,
 }
 
@@ -169,6 +220,8 @@ fn huge(gfn: u64) -> HintEntry {
 }
 
 const RAM_2G: [u64; 2] = [0, 0x8_0000];
+/// `host_version` of a v1.0 host: the v1.0 vectors keep their bytes.
+const V1_0_HOST: u32 = 1 << 16;
 /// Low memory with the VGA/BIOS hole, RAM below 2 GiB, and 1 GiB above 4 GiB.
 const RAM_HOLES: [[u64; 2]; 3] = [[0, 0xa0], [0x100, 0x8_0000], [0x10_0000, 0x14_0000]];
 
@@ -180,7 +233,27 @@ fn meta(n: u64) -> RoundMeta {
         tracked_bytes: 0x4000_0000,
         hot_frames: n,
         publish_time_ns: 1_000_000_000 + n,
+        tracker_report: TrackerReport::default(),
     }
+}
+
+/// A v1.1 round's metadata: a 1 GiB guest, W_f 100 ms, W_c 1 ms, 37 windows, 8.1 ms of CPU.
+fn meta11(n: u64) -> RoundMeta {
+    RoundMeta {
+        tracker_report: TrackerReport {
+            window: Micros(100_000),
+            coarse_window: Micros(1_000),
+            windows: 37,
+            tracker_cpu: Micros(8_123),
+            tracked_frames: 262_144,
+        },
+        ..meta(n)
+    }
+}
+
+/// A v1.1 entry: `level` is a rate level (96 = 1 Hz).
+fn rated(gfn: u64, level: u32, write: bool, huge: bool) -> HintEntry {
+    e(gfn, level, write, PageType::Anon, huge, true)
 }
 
 impl Case {
@@ -193,6 +266,7 @@ impl Case {
                 region_size: 8192,
                 file_len: 8192,
                 tracker: Tracker::Harness.raw(),
+                version_minor: 0,
                 ram_map: vec![RAM_2G],
                 feedback: None,
                 rounds: Vec::new(),
@@ -215,6 +289,17 @@ impl Case {
     fn tracker(mut self, t: Tracker) -> Self {
         self.v.tracker = t.raw();
         self
+    }
+    /// Written by a v1.1 writer (cases are v1.0 writers unless they say so).
+    fn v1_1(mut self) -> Self {
+        self.v.version_minor = 1;
+        self
+    }
+    fn writer_version(&self) -> ChannelVersion {
+        match self.v.version_minor {
+            0 => ChannelVersion::V1_0,
+            _ => ChannelVersion::V1_1,
+        }
     }
     fn feedback(mut self, fb: Feedback) -> Self {
         self.v.feedback = Some(FeedbackJson {
@@ -240,6 +325,8 @@ impl Case {
             tracked_bytes: m.tracked_bytes,
             hot_frames: m.hot_frames,
             publish_time_ns: m.publish_time_ns,
+            tracker_report: (self.v.version_minor > 0)
+                .then(|| TrackerReportJson::from_report(m.tracker_report)),
             entries: kept.iter().copied().map(EntryJson::from_entry).collect(),
         });
         self.offered.push(entries);
@@ -248,7 +335,11 @@ impl Case {
     }
     fn round(self, entries: Vec<HintEntry>) -> Self {
         let n = entries.len();
-        let m = meta(n as u64);
+        let m = if self.v.version_minor > 0 {
+            meta11(n as u64)
+        } else {
+            meta(n as u64)
+        };
         self.round_keep(entries, m, n)
     }
     fn poke64(mut self, offset: usize, value: u64) -> Self {
@@ -279,7 +370,8 @@ impl Case {
         let mut x = ExpectRound {
             seq: 2 + 2 * self.v.rounds.len() as u64,
             round: self.v.rounds.len() as u64,
-            version_minor: 0,
+            version_minor: self.v.version_minor,
+            counts: CountMeaning::for_minor(self.v.version_minor),
             tracker: self.v.tracker,
             flags: last.flags,
             overflow: last.flags & 1 != 0,
@@ -288,6 +380,7 @@ impl Case {
             tracked_bytes: last.tracked_bytes,
             hot_frames: last.hot_frames,
             publish_time_ns: last.publish_time_ns,
+            tracker_report: last.tracker_report,
             entries: last.entries,
         };
         adjust(&mut x);
@@ -335,6 +428,7 @@ impl Case {
             tracker: Tracker::from_raw(v.tracker),
             region_size: Some(v.region_size),
             preserve_feedback: v.feedback.is_some(),
+            version: self.writer_version(),
         };
         let mut w = ChannelWriter::init_with(&region, cfg).unwrap();
         for (entries, m) in self.offered.iter().zip(&self.metas) {
@@ -402,6 +496,7 @@ fn cases() -> Vec<Case> {
                 entry_budget: 3,
                 min_interval_ms: 200,
                 fast_quota_bytes: 1 << 30,
+                host_version: V1_0_HOST,
                 ..Feedback::default()
             })
             .round_keep((20..25).map(anon).collect(), meta(5), 3)
@@ -432,17 +527,22 @@ fn cases() -> Vec<Case> {
             .poke_entry(4, u64::MAX)
             .ok(),
         Case::new("ok_three_rounds", "the third of three rounds").round(vec![anon(1)]).round(vec![anon(2)]).round(vec![anon(3), anon(4)]).ok(),
-        Case::new("ok_minor_version_1", "a v1.1 writer may use reserved header space and new flag bits")
-            .round(vec![anon(7)])
-            .poke32(off::VERSION_MINOR & !3, 1 << 16 | 1)
-            .poke64(0x400, 0xdead)
-            .poke32(off::RESERVED1, 9)
-            .poke32(off::FLAGS, 0x11)
-            .ok_with(|x| {
-                x.version_minor = 1;
-                x.flags = 0x11;
-                x.overflow = true;
-            }),
+        Case::new(
+            "ok_minor_version_2",
+            "a v1.2 writer: its fields in v1.1 reserved space and new flag bits are ignored, the v1.1 fields read",
+        )
+        .v1_1()
+        .round(vec![rated(7, 120, false, false)])
+        .poke32(off::VERSION_MINOR & !3, 2 << 16 | 1)
+        .poke32(off::RESERVED_PUBLICATION, 9)
+        .poke64(off::RESERVED_TAIL, 0xdead)
+        .poke64(0x400, 0xbeef)
+        .poke32(off::FLAGS, 0x11)
+        .ok_with(|x| {
+            x.version_minor = 2;
+            x.flags = 0x11;
+            x.overflow = true;
+        }),
         Case::new("ok_mapped_beyond_region", "the host mapped more than region_size").sizes(8192, 12288).round(vec![anon(1)]).ok(),
         Case::new("ok_entries_offset_8192", "entries_offset 8192: the reader honours it")
             .sizes(16384, 16384)
@@ -454,11 +554,111 @@ fn cases() -> Vec<Case> {
             .ok_with(|x| x.entries = vec![EntryJson::from_entry(anon(0x300)), EntryJson::from_entry(huge(0x600))]),
         Case::new("ok_host_block_scribbled", "host feedback and host-reserved bytes are not the guest's to validate")
             .tracker(Tracker::Damon)
-            .feedback(Feedback { ack_round: 9, last_status: 11, rejected_rounds: 4, ..Feedback::default() })
+            .feedback(Feedback { ack_round: 9, last_status: 11, rejected_rounds: 4, host_version: V1_0_HOST, ..Feedback::default() })
             .round(vec![anon(1)])
             .poke64(0x900, u64::MAX)
             .poke32(0x834, 5)
             .ok(),
+        // ---- v1.1 writers ----
+        Case::new("ok_v1_1_initialised_only", "a v1.1 init, no round yet").v1_1().none(),
+        Case::new(
+            "ok_v1_1_round",
+            "a v1.1 round: rate levels (255 = ~980 Hz, 112 = 2 Hz, 96 = 1 Hz, 1) and the tracker report",
+        )
+        .v1_1()
+        .round(vec![
+            rated(0x200, 255, true, true),
+            rated(0x1234, 160, true, false),
+            e(0x2000, 112, false, File, false, false),
+            e(0x3000, 96, false, Shmem, false, true),
+            rated(0x4000, 1, false, false),
+        ])
+        .ok(),
+        Case::new("ok_v1_1_empty_report", "a v1.1 round whose tracker report is all zero (informational)")
+            .v1_1()
+            .round_keep(vec![rated(9, 100, false, false)], meta(1), 1)
+            .ok(),
+        Case::new("ok_v1_1_field_maxima", "every v1.1 field at its maximum")
+            .v1_1()
+            .round_keep(
+                vec![rated(0x7_ffff, 255, true, false)],
+                RoundMeta {
+                    tracker_report: TrackerReport {
+                        window: Micros(u32::MAX),
+                        coarse_window: Micros(u32::MAX),
+                        windows: u32::MAX,
+                        tracker_cpu: Micros(u32::MAX),
+                        tracked_frames: u64::MAX,
+                    },
+                    ..meta(1)
+                },
+                1,
+            )
+            .ok(),
+        Case::new("ok_v1_1_budget_truncated", "a v1.1 writer under a host entry_budget of 2 (fast_quota_bytes set)")
+            .v1_1()
+            .feedback(Feedback {
+                entry_budget: 2,
+                fast_quota_bytes: 256 << 20,
+                ..Feedback::default()
+            })
+            .round_keep((30..34).map(|g| rated(g, 200 - g as u32, false, false)).collect(), meta11(4), 2)
+            .ok(),
+        Case::new("err09_v1_1_reserved_identity", "a v1.1 writer with the identity reserved word set")
+            .v1_1()
+            .round(vec![anon(1)])
+            .poke64(off::RESERVED_IDENTITY + 8, 1)
+            .err(9, "reserved_header_bits"),
+        Case::new("err09_v1_1_flags_bit", "unknown flag bit 1 from a v1.1 writer")
+            .v1_1()
+            .round(vec![anon(1)])
+            .poke32(off::FLAGS, 3)
+            .err(9, "reserved_header_bits"),
+        Case::new("err09_v1_1_reserved_08c", "a v1.1 writer with the reserved u32 at 0x08C set")
+            .v1_1()
+            .round(vec![anon(1)])
+            .poke32(off::RESERVED_PUBLICATION, 1)
+            .err(9, "reserved_header_bits"),
+        Case::new("err09_v1_1_reserved_tail_first", "a v1.1 writer with the first reserved word (0x098) set")
+            .v1_1()
+            .round(vec![anon(1)])
+            .poke64(off::RESERVED_TAIL, 1)
+            .err(9, "reserved_header_bits"),
+        Case::new("err09_v1_1_reserved_tail_last", "a v1.1 writer with the last reserved word of the guest half set")
+            .v1_1()
+            .round(vec![anon(1)])
+            .poke64(0x7f8, 1 << 63)
+            .err(9, "reserved_header_bits"),
+        Case::new("err09_v1_0_window_fields", "a v1.0 writer with a v1.1 field (windows, 0x080) set: reserved in v1.0")
+            .round(vec![anon(1)])
+            .poke32(off::WINDOWS, 5)
+            .err(9, "reserved_header_bits"),
+        Case::new("err09_v1_0_tracked_frames", "a v1.0 writer with tracked_frames (0x090) set")
+            .round(vec![anon(1)])
+            .poke64(off::TRACKED_FRAMES, 1 << 20)
+            .err(9, "reserved_header_bits"),
+        Case::new(
+            "err09_v1_1_unknown_fields",
+            "what a v1.0 reader took from a v1.1 writer (the former ok_minor_version_1: 0x064, 0x400 and flag \
+             bit 4 set) is checked by a v1.1 reader: the unknown flag bit is reported first",
+        )
+        .round(vec![anon(7)])
+        .poke32(off::VERSION_MINOR & !3, 1 << 16 | 1)
+        .poke64(0x400, 0xdead)
+        .poke32(off::WINDOW_US, 9)
+        .poke32(off::FLAGS, 0x11)
+        .err(9, "reserved_header_bits"),
+        Case::new("order_v1_1_count_before_reserved", "a v1.1 writer: count beyond capacity and 0x08C set")
+            .v1_1()
+            .round(vec![anon(1)])
+            .poke64(off::COUNT, 600)
+            .poke32(off::RESERVED_PUBLICATION, 1)
+            .err(6, "count_beyond_capacity"),
+        Case::new("order_v1_1_header_before_entries", "a v1.1 writer: a reserved tail word and an entry outside RAM")
+            .v1_1()
+            .round(vec![anon(0x9_0000)])
+            .poke64(0x100, 1)
+            .err(9, "reserved_header_bits"),
         // ---- one per reject code ----
         Case::new("err01_mapped_below_header", "the host mapped less than the header page")
             .sizes(8192, 2048)
@@ -494,8 +694,8 @@ fn cases() -> Vec<Case> {
             .poke64(off::COUNT, 513)
             .err(6, "count_beyond_capacity"),
         Case::new("err07_write_in_progress", "seq odd: the guest is writing").round(vec![anon(1)]).poke64(off::SEQ, 5).err(7, "write_in_progress"),
-        Case::new("err09_reserved0", "identity reserved word set").round(vec![anon(1)]).poke64(off::RESERVED0 + 8, 1).err(9, "reserved_header_bits"),
-        Case::new("err09_reserved1", "publication reserved u32 set").round(vec![anon(1)]).poke32(off::RESERVED1, 1).err(9, "reserved_header_bits"),
+        Case::new("err09_reserved0", "identity reserved word set").round(vec![anon(1)]).poke64(off::RESERVED_IDENTITY + 8, 1).err(9, "reserved_header_bits"),
+        Case::new("err09_reserved1", "publication reserved u32 set").round(vec![anon(1)]).poke32(off::WINDOW_US, 1).err(9, "reserved_header_bits"),
         Case::new("err09_reserved2_last_word", "last reserved word of the guest half set")
             .round(vec![anon(1)])
             .poke64(0x7f8, 1 << 63)
@@ -537,7 +737,7 @@ fn cases() -> Vec<Case> {
         Case::new("order_count_before_reserved", "count beyond capacity and a reserved word set")
             .round(vec![anon(1)])
             .poke64(off::COUNT, 600)
-            .poke64(off::RESERVED0, 1)
+            .poke64(off::RESERVED_IDENTITY, 1)
             .err(6, "count_beyond_capacity"),
         Case::new("order_header_before_entries", "a reserved header word and a bad entry")
             .round(vec![anon(0x9_0000)])
@@ -555,6 +755,221 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// False if `hz`'s unrounded level `16 log2(hz) + 96` lies within `margin` of a boundary between
+/// two levels: such a case would test the f64 reference's rounding, not the implementation.
+fn clear_of_boundary(hz: f64, margin: f64) -> bool {
+    if hz <= 0.0 {
+        return true;
+    }
+    let x = hz.log2() * 16.0 + 96.0;
+    (x - x.floor() - 0.5).abs() > margin
+}
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// `a * a` for a little-endian multi-limb number.
+fn square(a: &[u64]) -> Vec<u64> {
+    let mut out = vec![0u64; 2 * a.len()];
+    for (i, &x) in a.iter().enumerate() {
+        let mut carry = 0u128;
+        for (j, &y) in a.iter().enumerate() {
+            let t = u128::from(out[i + j]) + u128::from(x) * u128::from(y) + carry;
+            out[i + j] = t as u64;
+            carry = t >> 64;
+        }
+        out[i + a.len()] = carry as u64;
+    }
+    out
+}
+
+/// `floor(32 log2 m)`, exactly: the bit length of `m^32` less one.
+fn floor_32_log2(m: u64) -> u32 {
+    let mut n = vec![m];
+    for _ in 0..5 {
+        n = square(&n);
+    }
+    let top = n.iter().rposition(|&l| l != 0).expect("m > 0");
+    top as u32 * 64 + 63 - n[top].leading_zeros()
+}
+
+/// The level of `rate / 2^shift` Hz in integers only, as a second reference beside the f64
+/// `level_of_rate`: with the mantissa `m = rate << (63 - msb)`, `16 log2(m / 2^63)` rounds to
+/// `floor((floor(32 log2 m) - 2015) / 2)` (never a tie: `2^(k/32)` is irrational unless 32 | k).
+fn exact_level(rate: u64, shift: u32) -> u8 {
+    if rate == 0 {
+        return 0;
+    }
+    let msb = 63 - rate.leading_zeros();
+    let sixteenths = (floor_32_log2(rate << (63 - msb)) - 2015) / 2;
+    (16 * (i64::from(msb) - i64::from(shift)) + 96 + i64::from(sixteenths)).clamp(0, 255) as u8
+}
+
+/// The least 64-bit mantissa that rounds to `j` sixteenths of an octave (1 <= j <= 16).
+fn level_step(j: u32) -> u64 {
+    let (mut lo, mut hi) = (1u64 << 63, u64::MAX);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if floor_32_log2(mid) >= 2015 + 2 * j {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+/// Rates for `vtism_ch_level_of_rate`, which is exact: zero, the extremes, every power of two,
+/// both sides of every boundary between two levels, and pseudo-random rates. The f64 reference
+/// and the integer one must agree on each; the 64-bit mantissas on either side of a boundary,
+/// which f64 cannot tell apart, have the integer reference's level.
+fn rate_levels() -> Vec<RateLevel> {
+    let mut cases = std::collections::BTreeSet::new();
+    for c in [
+        (0, 0),
+        (0, 32),
+        (1, 0),
+        (3, 1),
+        (1, 63),
+        (1, 127),
+        (u64::MAX, 0),
+        (u64::MAX, 63),
+    ] {
+        cases.insert(c);
+    }
+    for shift in [0, 16, 32] {
+        for e in 0..64 {
+            cases.insert((1u64 << e, shift));
+        }
+    }
+    // Rates of 2^-16 Hz steps around 2^((l - 96.5) / 16) Hz, where level l begins.
+    for l in 1..=255u32 {
+        let t = ((f64::from(l) - 96.5) / 16.0 + 16.0).exp2().floor() as u64;
+        for r in t.saturating_sub(1)..=t + 2 {
+            cases.insert((r, 16));
+        }
+    }
+    let mut x = XorShift(0x5eed_1e7e_15ba_d5e7);
+    for _ in 0..256 {
+        let v = x.next();
+        cases.insert((v >> (v % 64), (x.next() % 48) as u32));
+    }
+    let mut out: Vec<RateLevel> = cases
+        .into_iter()
+        .filter_map(|(rate, shift)| {
+            let hz = rate as f64 / f64::from(shift).exp2();
+            let level = level_of_rate(hz);
+            clear_of_boundary(hz, 1e-9).then(|| {
+                assert_eq!(level, exact_level(rate, shift), "{rate} / 2^{shift} Hz");
+                RateLevel { rate, shift, level }
+            })
+        })
+        .collect();
+    for j in 1..=16 {
+        let step = level_step(j);
+        for (rate, shift) in [(step - 1, 63), (step, 63), (step - 1, 60), (step, 60)] {
+            out.push(RateLevel {
+                rate,
+                shift,
+                level: exact_level(rate, shift),
+            });
+        }
+    }
+    out
+}
+
+/// The unrounded level of a young share (of 2^32) of windows of `window_us`.
+fn share_x(share: u64, window_us: u32) -> f64 {
+    let hz = rate_of_young_share(share as f64 / 2f64.powi(32), f64::from(window_us) / 1e6);
+    hz.log2() * 16.0 + 96.0
+}
+
+/// Shares (of 2^32) whose level lies 1.5e-4 to 1e-3 of a level below and above each boundary
+/// between levels, for 1 ms and 1 s windows: an implementation whose rate is off by more than
+/// about 1e-5 (relative) gets some of them wrong.
+fn near_boundary_shares() -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    for window_us in [1_000u32, 1_000_000] {
+        for l in 1..=255u32 {
+            let edge = f64::from(l) - 0.5;
+            let max = 1u64 << 32;
+            if share_x(1, window_us) >= edge || share_x(max - (max >> 8), window_us) <= edge {
+                continue;
+            }
+            // The least share at or above the boundary.
+            let (mut lo, mut hi) = (1u64, max - (max >> 8));
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if share_x(mid, window_us) >= edge {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            let slope = (share_x(lo + 1000, window_us) - share_x(lo, window_us)) / 1000.0;
+            let k = (1.5e-4 / slope).ceil() as u64;
+            for share in [lo.saturating_sub(k), lo + k] {
+                let d = (share_x(share, window_us) - edge).abs();
+                if (1e-4..1e-3).contains(&d) {
+                    out.push((share, window_us));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Young shares for `vtism_ch_level_of_share`, whose rate is within 1e-6 of the exact one: cases
+/// within 1e-4 of a level of a boundary are left out.
+fn share_levels() -> Vec<ShareLevel> {
+    let mut cases = std::collections::BTreeSet::new();
+    let mut x = XorShift(0x0bad_cafe_f00d_d00d);
+    for bits in [8u32, 16, 32] {
+        let one = 1u64 << bits;
+        let mut shares = vec![0, 1, 2, 3, one / 2, one - one / 256, one - 1, one, one + 5];
+        if bits >= 10 {
+            // Around 2^-10, where the C helper switches from its series to its logarithm.
+            let k = one >> 10;
+            shares.extend([k - 1, k, k + 1]);
+        }
+        for _ in 0..8 {
+            shares.push(x.next() % (one + 1));
+        }
+        for share in shares {
+            for window_us in [1, 50, 1_000, 100_000, 10_000_000, u32::MAX] {
+                cases.insert((share, bits, window_us));
+            }
+            cases.insert((share, bits, (x.next() % 1_000_000) as u32 + 1));
+        }
+    }
+    for (share, window_us) in near_boundary_shares() {
+        cases.insert((share, 32, window_us));
+    }
+    cases
+        .into_iter()
+        .filter_map(|(share, share_bits, window_us)| {
+            let hz = rate_of_young_share(
+                share as f64 / f64::from(share_bits).exp2(),
+                f64::from(window_us) / 1e6,
+            );
+            clear_of_boundary(hz, 1e-4).then(|| ShareLevel {
+                share,
+                share_bits,
+                window_us,
+                level: level_of_rate(hz),
+            })
+        })
+        .collect()
+}
+
 /// Every vector: its description and its bytes.
 pub fn generate() -> (VectorFile, Vec<(String, Vec<u8>)>) {
     let cases = cases();
@@ -564,19 +979,25 @@ pub fn generate() -> (VectorFile, Vec<(String, Vec<u8>)>) {
         .collect();
     let file = VectorFile {
         format: FORMAT.to_string(),
-        version: 1,
+        version: 2,
         notes: vec![
             "Generated by `cargo run -p vtism-proto --example gen_vectors`; do not edit by hand.".to_string(),
             "Each .bin is the region as the host mapped it (file_len bytes). To rebuild one: zero \
              max(region_size, file_len) bytes, write the feedback block (if any) with host_seq as given, \
-             init with region_size and tracker (preserving feedback if present), publish each round's \
-             entries and metadata, apply the pokes, keep file_len bytes."
+             init with region_size, tracker and version_minor (preserving feedback if present), publish \
+             each round's entries and metadata (with its tracker_report when not null), apply the pokes, \
+             keep file_len bytes."
                 .to_string(),
             "Expected results are for a fresh reader (last round taken = 0). TornRound (code 8) needs a region \
              that changes during the read, so it is covered by crates/proto/tests/reader.rs, not by a static file."
                 .to_string(),
+            "rate_levels and share_levels are the v1.1 rate-level scale (vtism_proto::count) as the C \
+             helpers vtism_ch_level_of_rate and vtism_ch_level_of_share must compute it."
+                .to_string(),
         ],
         vectors: cases.into_iter().map(|c| c.v).collect(),
+        rate_levels: rate_levels(),
+        share_levels: share_levels(),
     };
     (file, bins)
 }
