@@ -43,44 +43,6 @@ def level_of_rate(hz):
     return int(min(255, max(0, round(math.log2(hz) * 16 + LEVEL_1HZ))))
 
 
-def parse_header(hdr):
-    f = chanmon.parse_header(hdr)
-    f["window_us"] = f.pop("res1")
-    (f["windows"], f["tracker_cpu_us"], f["coarse_window_us"], f["res_8c"],
-     f["tracked_frames"]) = struct.unpack_from("<IIIIQ", hdr, 0x80)
-    return f
-
-
-def validate(f, hdr, ent, mapped, ram):
-    """docs/channel.md "Validation" for a v1.1 writer. Raises chanmon.Reject."""
-    if mapped < HDR or f["region_size"] > mapped:
-        raise chanmon.Reject("RegionTooSmall")
-    if f["magic"] != chanmon.MAGIC:
-        raise chanmon.Reject("BadMagic")
-    if f["vmaj"] != 1:
-        raise chanmon.Reject("UnsupportedVersion")
-    if (f["header_size"] != 4096 or f["entry_size"] != 8 or f["page_shift"] != 12
-            or f["entries_offset"] < f["header_size"] or f["entries_offset"] % 8):
-        raise chanmon.Reject("BadLayout")
-    if f["entries_offset"] + f["capacity"] * 8 > f["region_size"]:
-        raise chanmon.Reject("CapacityBeyondRegion")
-    if f["count"] > f["capacity"]:
-        raise chanmon.Reject("CountBeyondCapacity")
-    if any(hdr[0x30:0x40]) or f["res_8c"] or any(hdr[0x98:0x800]) or f["flags"] & ~OVERFLOW:
-        raise chanmon.Reject("ReservedHeaderBits")
-    es = struct.unpack("<%dQ" % (len(ent) // 8), ent)
-    for e in es:
-        if e & RES_ENTRY:
-            raise chanmon.Reject("ReservedEntryBits")
-        gfn, huge = e & ((1 << 40) - 1), (e >> 51) & 1
-        last = gfn + (511 if huge else 0)
-        if not any(lo <= gfn and last < hi for lo, hi in ram):
-            raise chanmon.Reject("GfnOutOfRange %#x" % gfn)
-        if huge and gfn % 512:
-            raise chanmon.Reject("MisalignedHuge %#x" % gfn)
-    return es
-
-
 class Truth(chanmon.Truth):
     def warm(self):
         return {g for g, k in self.kind.items() if k[0] == "warm"}
@@ -153,7 +115,7 @@ class Monitor(chanmon.Monitor):
             self.torn += 1
             return
         hdr, ent = snap
-        f = parse_header(hdr)
+        f = chanmon.parse_header(hdr)
         if f["magic"] == 0 and f["round"] == 0:
             return
         if self.snaps and self.snaps[-1]["f"]["round"] == f["round"] and \
@@ -162,9 +124,9 @@ class Monitor(chanmon.Monitor):
         if not self.ram:
             return
         try:
-            es = validate(f, hdr, ent, self.ch.size, self.ram)
+            f, es = chanmon.validate(hdr, ent, self.ch.size, self.ram)
         except chanmon.Reject as e:
-            self.rejects.append((f["round"], str(e)))
+            self.rejects.append((f["round"], "%s (%s)" % e.args))
             return
         self.snaps.append(dict(f=f, entries=es, t=time.monotonic(), phase_seen=self.phase_seen))
 
@@ -378,6 +340,7 @@ def main():
     m = Monitor(a)
     m.run(argv[i + 1:])
     m.analyse()
+    m.tracker_report()
     sys.exit(1 if m.report() else 0)
 
 
