@@ -440,12 +440,7 @@ fn track<R: SharedRegion>(
         };
         let round_start_own = cpu::own_cpu_ns();
         let samples = iv.samples();
-        // the shares keep their time constants in wall time: one aggregation's data stands for
-        // the round it was read in (at most a few aggregations, after a slow round)
-        let since_ns = cpu::monotonic_ns().saturating_sub(last.now_ns);
-        let dt_s = (since_ns as f64 / 1e9)
-            .min((2 * intervals::AGGREGATIONS_PER_ROUND * iv.aggr_us) as f64 / 1e6);
-        let observed = frames.observe(&regions, samples as u32, dt_s, flags)?;
+        let observed = frames.observe(&regions, samples as u32, flags)?;
         let share = access_share(&regions, samples, monitored);
         let fb = w.read_feedback().ok().flatten();
         let quota = fb.map_or(0, |f| f.fast_quota_bytes);

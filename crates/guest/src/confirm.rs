@@ -6,7 +6,8 @@
 //! splits; merges of neighbours whose access counts differ by at most 10% of the samples).
 //!
 //! The agent therefore gives DAMON its own region boundaries: frames (or 2 MiB THP units) young
-//! in at least half of their windows (`admit_share`: at the window the loop keeps, about the
+//! in at least half of their windows, or published at 1 Hz or more, whichever comes first
+//! (`admit_share`, or the share of 1 Hz at the current window: at the window the loop keeps, about the
 //! frames the host's quota holds) become target regions of their own (`state commit` of the
 //! target's regions; DAMON keeps its adapted regions elsewhere). A region of one frame is
 //! sampled at that frame only, so its share is the frame's own. Afterwards DAMON merges
@@ -72,9 +73,14 @@ impl Confirm {
         // frames whose share ended leave; their one-frame regions stay with DAMON until the
         // next commit, which is harmless
         self.set.retain(|&g, _| f.share(g) > 0.0);
+        // a frame published as hot is measured on its own from the next aggregation on: a
+        // straddling region's share lifts its colder frames above 1 Hz for one round at most
+        let admit = self
+            .admit_share
+            .min(crate::rate::share_of_rate(1.0, f.window_s()));
         let mut new: Vec<(f64, u64, bool)> = f
             .iter()
-            .filter(|&(g, share, _)| share >= self.admit_share && !self.set.contains_key(&g))
+            .filter(|&(g, share, _)| share >= admit && !self.set.contains_key(&g))
             .map(|(g, share, huge)| (share, g, huge))
             .collect();
         if new.is_empty() {
@@ -211,22 +217,23 @@ mod tests {
         for p in 0..64 {
             fl.insert(p, ANON | LRU);
         }
-        let mut f = Frames::new(0.1, 1 << 20);
+        let mut f = Frames::new(2.0, 1 << 20);
         let mut c = Confirm::new(8, ADMIT_SHARE);
-        let obs = |f: &mut Frames, r: &[Region]| f.observe(r, 20, 1.0, &fl).unwrap();
-        // young in every window: half way after about 3.5 s
-        obs(&mut f, &[region(0, 4, 20)]);
+        let obs = |f: &mut Frames, r: &[Region]| f.observe(r, 5, &fl).unwrap();
+        // windows of 2 s (1 Hz is a share of 0.86): admitted at half; young in every window of
+        // an aggregation of 5: half way after 4 aggregations
+        obs(&mut f, &[region(0, 4, 5)]);
         assert_eq!(c.update(&f), None, "one aggregation: not yet");
         for _ in 0..3 {
-            obs(&mut f, &[region(0, 4, 20), region(10, 10, 4)]);
+            obs(&mut f, &[region(0, 4, 5), region(10, 10, 1)]);
         }
         let v = c.update(&f).unwrap();
         assert_eq!(v, vec![(0, false), (1, false), (2, false), (3, false)]);
-        obs(&mut f, &[region(0, 4, 20), region(10, 10, 4)]);
+        obs(&mut f, &[region(0, 4, 5), region(10, 10, 1)]);
         assert_eq!(c.update(&f), None, "nothing new: no commit");
         // 10 more frames young in every window: 4 fit
         for _ in 0..5 {
-            obs(&mut f, &[region(0, 4, 20), region(10, 10, 20)]);
+            obs(&mut f, &[region(0, 4, 5), region(10, 10, 5)]);
         }
         let v = c.update(&f).unwrap();
         assert_eq!(v.len(), 8);
@@ -235,14 +242,14 @@ mod tests {
         for _ in 0..5 {
             obs(
                 &mut f,
-                &[region(0, 4, 20), region(10, 10, 20), region(30, 2, 20)],
+                &[region(0, 4, 5), region(10, 10, 5), region(30, 2, 5)],
             );
         }
         assert_eq!(c.update(&f), None, "full, newcomers not clearly higher");
         assert_eq!(c.commits(), 2);
         // the confirmed frames cool down: their shares end and the newcomers take their places
         for _ in 0..8 {
-            obs(&mut f, &[region(30, 2, 20)]);
+            obs(&mut f, &[region(30, 2, 5)]);
         }
         let v = c.update(&f).unwrap();
         assert!(
@@ -251,5 +258,13 @@ mod tests {
         );
         assert_eq!(c.len(), 2);
         assert_eq!(Confirm::new(0, ADMIT_SHARE).update(&f), None);
+        // windows of 100 ms: a frame young in 20% of them (2.2 Hz) is admitted below half
+        let mut f = Frames::new(0.1, 1 << 20);
+        let mut c = Confirm::new(8, ADMIT_SHARE);
+        for _ in 0..6 {
+            f.observe(&[region(40, 1, 1)], 5, &fl).unwrap();
+        }
+        assert!(f.share(40) < 0.5);
+        assert_eq!(c.update(&f), Some(vec![(40, false)]));
     }
 }

@@ -34,13 +34,13 @@ struct State {
 
 impl State {
     /// The share once this aggregation is averaged in.
-    fn next_share(&self, stamp: u32, dt_s: f64) -> f64 {
+    fn next_share(&self, stamp: u32, windows: f64) -> f64 {
         let o = if self.stamp == stamp {
             self.observed as f64
         } else {
             0.0
         };
-        rate::blend(self.share as f64, o, dt_s)
+        rate::blend(self.share as f64, o, windows)
     }
 }
 
@@ -123,18 +123,18 @@ impl Frames {
         self.window_s = window_s;
     }
 
-    /// Averages in one aggregation of `dt_s` seconds whose accessed regions are `regions`, each
-    /// with `nr_accesses` out of `samples`.
+    /// Averages in one aggregation of `samples` windows whose accessed regions are `regions`,
+    /// each with `nr_accesses` out of `samples`.
     pub fn observe(
         &mut self,
         regions: &[Region],
         samples: u32,
-        dt_s: f64,
         flags: &dyn FlagSource,
     ) -> io::Result<Observed> {
+        let windows = f64::from(samples.max(1));
         self.stamp = self.stamp.wrapping_add(1);
         let evicted_before = self.evicted;
-        let (accessed_bytes, units, heads) = self.mark(regions, samples.max(1), dt_s, flags)?;
+        let (accessed_bytes, units, heads) = self.mark(regions, samples.max(1), flags)?;
         // a 4 KiB share under a unit that became a THP is covered by the unit's
         for h in heads {
             for g in h + 1..h + HUGE_FRAMES {
@@ -144,14 +144,14 @@ impl Frames {
         let stamp = self.stamp;
         let floor = rate::min_share(self.window_s);
         self.states.retain(|_, s| {
-            let share = s.next_share(stamp, dt_s);
+            let share = s.next_share(stamp, windows);
             s.share = share as f32;
             if s.huge {
                 s.saturated = rate::saturated(s.saturated, share);
             }
             share >= floor
         });
-        self.evict_to(self.max_tracked, dt_s);
+        self.evict_to(self.max_tracked, windows);
         Ok(Observed {
             accessed_bytes,
             units,
@@ -166,9 +166,9 @@ impl Frames {
         &mut self,
         regions: &[Region],
         samples: u32,
-        dt_s: f64,
         flags: &dyn FlagSource,
     ) -> io::Result<(u64, u64, Vec<u64>)> {
+        let windows = f64::from(samples);
         let mut bytes = 0;
         let mut units = 0;
         let mut heads = Vec::new();
@@ -185,7 +185,7 @@ impl Frames {
                     base = pfn;
                     flags.flags(base, &mut buf)?;
                     if self.states.len() > slack {
-                        self.evict_to(self.max_tracked, dt_s);
+                        self.evict_to(self.max_tracked, windows);
                     }
                 }
                 let f = buf[(pfn - base) as usize];
@@ -246,7 +246,7 @@ impl Frames {
 
     /// Drops the frames with the lowest shares (after this aggregation) until at most `keep`
     /// remain.
-    fn evict_to(&mut self, keep: usize, dt_s: f64) {
+    fn evict_to(&mut self, keep: usize, windows: f64) {
         let n = self.states.len();
         if n <= keep {
             return;
@@ -256,7 +256,7 @@ impl Frames {
         let mut v: Vec<(f64, u64)> = self
             .states
             .iter()
-            .map(|(&g, s)| (s.next_share(stamp, dt_s), g))
+            .map(|(&g, s)| (s.next_share(stamp, windows), g))
             .collect();
         v.select_nth_unstable_by(k - 1, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for &(_, g) in &v[..k] {
@@ -350,7 +350,6 @@ mod tests {
                     region(5000, 10, 0),
                 ],
                 20,
-                1.0,
                 &f,
             )
             .unwrap();
@@ -380,9 +379,9 @@ mod tests {
         let mut fr = Frames::new(0.05, 1 << 20);
         // frames 2000..2100 young in 40% of 50 ms windows: 10.2 Hz; 2100..2400 in 2.5%: 0.5 Hz
         for _ in 0..30 {
-            fr.observe(&[region(2000, 100, 8), region(2100, 300, 0)], 20, 1.0, &f)
+            fr.observe(&[region(2000, 100, 8), region(2100, 300, 0)], 20, &f)
                 .unwrap();
-            fr.observe(&[region(2000, 100, 8), region(2100, 300, 1)], 20, 1.0, &f)
+            fr.observe(&[region(2000, 100, 8), region(2100, 300, 1)], 20, &f)
                 .unwrap();
         }
         let by = by_gfn(&fr.ranked());
@@ -393,7 +392,7 @@ mod tests {
         assert!(hz(2000) > 10.0 * hz(2200));
         // nothing for a while: dropped once below level 0
         for _ in 0..6 {
-            fr.observe(&[], 20, 1.0, &f).unwrap();
+            fr.observe(&[], 20, &f).unwrap();
         }
         assert_eq!(fr.tracked(), 0);
         assert!(fr.ranked().entries.is_empty());
@@ -404,7 +403,7 @@ mod tests {
         let f = flags();
         let mut fr = Frames::new(0.05, 1 << 20);
         for _ in 0..40 {
-            fr.observe(&[region(2000, 10, 8)], 20, 1.0, &f).unwrap();
+            fr.observe(&[region(2000, 10, 8)], 20, &f).unwrap();
         }
         let before = fr.ranked().entries[0].count();
         fr.set_window(0.4);
@@ -418,7 +417,7 @@ mod tests {
         let f = flags();
         let mut fr = Frames::new(0.005, 1 << 20);
         for _ in 0..30 {
-            fr.observe(&[region(1024, 512, 6), region(2000, 1, 6)], 20, 1.0, &f)
+            fr.observe(&[region(1024, 512, 6), region(2000, 1, 6)], 20, &f)
                 .unwrap();
         }
         let by = by_gfn(&fr.ranked());
@@ -433,12 +432,12 @@ mod tests {
         let f = flags();
         let mut fr = Frames::new(0.1, 10);
         for _ in 0..5 {
-            fr.observe(&[region(2000, 5, 20)], 20, 1.0, &f).unwrap();
+            fr.observe(&[region(2000, 5, 20)], 20, &f).unwrap();
         }
         assert_eq!((fr.tracked(), fr.evicted()), (5, 0));
         // 500 frames at 1 sample in 20: the map stays at 10 and the hot ones stay
         let o = fr
-            .observe(&[region(2000, 5, 20), region(2100, 500, 1)], 20, 1.0, &f)
+            .observe(&[region(2000, 5, 20), region(2100, 500, 1)], 20, &f)
             .unwrap();
         assert_eq!(fr.tracked(), 10);
         assert_eq!(o.evicted, 495);
@@ -453,7 +452,7 @@ mod tests {
     fn entries_are_valid_for_the_writer() {
         let f = flags();
         let mut fr = Frames::new(0.1, 1 << 20);
-        fr.observe(&[region(0, 3000, 20)], 20, 1.0, &f).unwrap();
+        fr.observe(&[region(0, 3000, 20)], 20, &f).unwrap();
         let r = fr.ranked();
         let mut w = vtism_proto::ChannelWriter::init(
             vtism_proto::OwnedRegion::zeroed(64 * 1024),

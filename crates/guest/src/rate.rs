@@ -10,13 +10,12 @@
 /// Shares are kept below this, so a rate stays finite: at most `ln 256 / S` (5.5 / S).
 pub const SHARE_MAX: f64 = 1.0 - 1.0 / 256.0;
 
-/// The weight of one coarse window of the module's tracker when it says more than the share
-/// (a region must stay hot for about 5 s, HMM-V's 8 windows of 600 ms, before it counts as hot)
-/// and when it says less (it cools within about a second), and the window period those weights
-/// are per (tracker-spec: 1/24, 1/4, 200 ms).
+/// The weight of one observation window when it says more than the share and when it says
+/// less (tracker-spec, coarse windows: 1/24 and 1/4 per window). Per window, not per unit of
+/// time: a region must be young in about 24 windows before it counts as hot (HMM-V's 8 x 600 ms
+/// at the module's 200 ms windows) and cools within a few. One DAMON sample is one window.
 const WEIGHT_UP: f64 = 1.0 / 24.0;
 const WEIGHT_DOWN: f64 = 1.0 / 4.0;
-const WEIGHT_PERIOD_S: f64 = 0.2;
 
 /// Frames per 2 MiB unit.
 pub const UNIT_FRAMES: f64 = 512.0;
@@ -40,6 +39,11 @@ pub fn rate_of_share(share: f64, window_s: f64) -> f64 {
     -(1.0 - share.min(SHARE_MAX)).ln() / window_s
 }
 
+/// The share of young windows of `window_s` of a page used at `rate` per second.
+pub fn share_of_rate(rate: f64, window_s: f64) -> f64 {
+    1.0 - (-rate.max(0.0) * window_s.max(0.0)).exp()
+}
+
 /// The share a page young in `share` of windows of `from_s` has in windows of `to_s`: for
 /// Poisson accesses `1 - share` is `exp(-λ·W)`, so it scales as a power of the window.
 pub fn rescale_share(share: f64, from_s: f64, to_s: f64) -> f64 {
@@ -49,15 +53,15 @@ pub fn rescale_share(share: f64, from_s: f64, to_s: f64) -> f64 {
     1.0 - (1.0 - share.min(SHARE_MAX)).powf(to_s / from_s)
 }
 
-/// The share after `observed` (the share of young windows in an aggregation of `dt_s` seconds)
-/// is averaged in, with the tracker's time constants whatever the aggregation's length.
-pub fn blend(share: f64, observed: f64, dt_s: f64) -> f64 {
+/// The share after `observed` (the share of young windows among `windows` windows) is averaged
+/// in, one window at a time.
+pub fn blend(share: f64, observed: f64, windows: f64) -> f64 {
     let w = if observed > share {
         WEIGHT_UP
     } else {
         WEIGHT_DOWN
     };
-    let w = 1.0 - (1.0 - w).powf(dt_s.max(0.0) / WEIGHT_PERIOD_S);
+    let w = 1.0 - (1.0 - w).powf(windows.max(0.0));
     share + w * (observed - share)
 }
 
@@ -133,30 +137,30 @@ mod tests {
 
     #[test]
     fn blend_has_the_trackers_time_constants() {
-        // one 200 ms window moves the share by 1/24 up and 1/4 down
-        assert!(close(blend(0.0, 1.0, 0.2), 1.0 / 24.0, 1e-12));
-        assert!(close(blend(1.0, 0.0, 0.2), 0.75, 1e-12));
-        // an aggregation of 1 s is five windows
+        // one window moves the share by 1/24 up and 1/4 down
+        assert!(close(blend(0.0, 1.0, 1.0), 1.0 / 24.0, 1e-12));
+        assert!(close(blend(1.0, 0.0, 1.0), 0.75, 1e-12));
+        // an aggregation of 5 samples is five windows
         let mut s = 0.0;
         for _ in 0..5 {
-            s = blend(s, 1.0, 0.2);
+            s = blend(s, 1.0, 1.0);
         }
-        assert!(close(blend(0.0, 1.0, 1.0), s, 1e-12));
-        // hot for ~5 s before half way up; cooled within ~1 s
+        assert!(close(blend(0.0, 1.0, 5.0), s, 1e-12));
+        // young in every window: half way after 17 windows; cooled below 0.1 within 8
         let mut s = 0.0;
-        let mut t = 0.0;
+        let mut n = 0;
         while s < 0.5 {
-            s = blend(s, 1.0, 0.5);
-            t += 0.5;
+            s = blend(s, 1.0, 1.0);
+            n += 1;
         }
-        assert!((3.0..=4.0).contains(&t), "{t}");
-        let mut t = 0.0;
+        assert_eq!(n, 17);
+        let mut n = 0;
         while s > 0.1 {
-            s = blend(s, 0.0, 0.5);
-            t += 0.5;
+            s = blend(s, 0.0, 1.0);
+            n += 1;
         }
-        assert!(t <= 1.5, "{t}");
-        assert_eq!(blend(0.3, 0.3, 1.0), 0.3);
+        assert!(n <= 8, "{n}");
+        assert_eq!(blend(0.3, 0.3, 10.0), 0.3);
     }
 
     #[test]
