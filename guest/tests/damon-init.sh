@@ -54,6 +54,14 @@ wait_settled() {
 		[ $t -lt $((${2:-300} * 2)) ] || { say "VTLOG wait_settled $1 timed out"; return 1; }
 	done
 }
+# a DAMON sysfs file; reads fail (EBUSY) while a command holds DAMON's sysfs lock: retry
+damon_cat() {
+	for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+		cat "$1" 2>/dev/null && return 0
+		sleep 0.2
+	done
+	echo "?"
+}
 # the test's own sysfs kdamond 0 as text: everything the agent must leave alone
 kdamond0() {
 	c=$D/0/contexts/0
@@ -147,8 +155,8 @@ else
 	/bin/vtism guest $ARGS --status-file $RF --stats-file $ST >/tmp/agent.log 2>&1 &
 	AG=$!
 fi
-if wait_rounds 1 60; then
-	result start ok "after DAMON_RECLAIM stopped: kdamond pid $(cat $D/0/pid), ops $(cat $D/0/contexts/0/operations), state $(cat $D/0/state)"
+if wait_rounds 1 60 && [ "$(damon_cat $D/0/state)" = on ]; then
+	result start ok "after DAMON_RECLAIM stopped: kdamond pid $(damon_cat $D/0/pid), ops $(damon_cat $D/0/contexts/0/operations), state on"
 else
 	cat /tmp/agent.log
 	result start fail "no first round"
