@@ -167,7 +167,7 @@ r0=$(rounds)
 if echo Y >$R/enabled 2>/tmp/reclaim.err; then
 	result exclusive-while-running fail "DAMON_RECLAIM started beside the agent (pid $(cat $R/kdamond_pid))"
 	echo N >$R/enabled
-elif wait_rounds 2 60 && [ "$(cat $R/enabled)" = N ] && [ "$(cat $D/0/state)" = on ]; then
+elif wait_rounds 2 60 && [ "$(cat $R/enabled)" = N ] && [ "$(damon_cat $D/0/state)" = on ]; then
 	result exclusive-while-running ok "enabling DAMON_RECLAIM: $(cut -d: -f2- /tmp/reclaim.err); the agent went on (rounds $r0 -> $(rounds))"
 else
 	result exclusive-while-running fail "enabled=$(cat $R/enabled), state $(cat $D/0/state), rounds $r0 -> $(rounds)"
