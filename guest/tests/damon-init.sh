@@ -54,11 +54,13 @@ wait_settled() {
 		[ $t -lt $((${2:-300} * 2)) ] || { say "VTLOG wait_settled $1 timed out"; return 1; }
 	done
 }
-# a DAMON sysfs file; reads fail (EBUSY) while a command holds DAMON's sysfs lock: retry
+# a DAMON sysfs file; reads fail (EBUSY) while a command holds DAMON's sysfs lock, which the
+# agent's update_schemes_tried_regions does for up to two aggregations: retry for up to 60 s
 damon_cat() {
-	for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+	n=0
+	while [ $n -lt 300 ]; do
 		cat "$1" 2>/dev/null && return 0
-		sleep 0.2
+		sleep 0.2; n=$((n + 1))
 	done
 	echo "?"
 }
