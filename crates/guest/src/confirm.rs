@@ -248,7 +248,7 @@ mod tests {
         assert_eq!(c.update(&f), None, "full, newcomers not clearly higher");
         assert_eq!(c.commits(), 2);
         // the confirmed frames cool down: their shares end and the newcomers take their places
-        for _ in 0..8 {
+        for _ in 0..20 {
             obs(&mut f, &[region(30, 2, 5)]);
         }
         let v = c.update(&f).unwrap();
