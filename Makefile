@@ -6,7 +6,8 @@ CARGO ?= cargo
 RELEASE_BIN := target/release/vtism
 
 .PHONY: all deps deps-test deps-demo build build-release demo test test-rust test-c test-module \
-	test-guest-e2e test-damon-e2e test-host-e2e test-testbed demo-engine lint bench fuzz clean help
+	test-guest-e2e test-damon-e2e test-host-e2e test-testbed bakeoff test-bakeoff-smoke demo-engine lint \
+	bench fuzz clean help deps-deb deb test-packaging
 
 all: build
 
@@ -14,6 +15,7 @@ help:
 	@echo "make demo   run vtism's main job (see README)"
 	@echo "make test   run every test (what CI runs)"
 	@echo "make bench  run the criterion benchmarks (figures go to docs/performance.md)"
+	@echo "make bakeoff  vtism against the kernel's tiering and DAMON tiering (docs/bakeoff.md, 2-4 h)"
 	@echo "make fuzz   fuzz the channel reader (scripts/fuzz-channel.sh)"
 
 deps:
@@ -22,6 +24,8 @@ deps-test:
 	@scripts/install-deps.sh test
 deps-demo:
 	@scripts/install-deps.sh demo
+deps-deb:
+	@scripts/install-deps.sh deb
 
 build: deps
 	$(CARGO) build --workspace --all-targets
@@ -41,7 +45,8 @@ demo: deps-demo build-release
 demo-engine: build-release
 	$(RELEASE_BIN) demo
 
-test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e test-testbed
+test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e test-testbed \
+	test-packaging
 	@echo "make test: all passed"
 
 lint:
@@ -72,9 +77,28 @@ test-damon-e2e:
 test-testbed: build-release
 	$(RELEASE_BIN) testbed --profile test --check
 
+# vtism against the kernel's own tiering (AutoNUMA, memory tiering) and DAMON tiering in the
+# emulated host, same guest, same workloads; regenerates docs/bakeoff.md, docs/bakeoff/results.json
+# and the plots. Takes two to four hours on 2 cores (docs/bakeoff.md says how long its run took).
+bakeoff: deps-demo build-release
+	$(RELEASE_BIN) bakeoff
+
+# The bake-off's smoke version: gups-hotset under the kernel's tiering and vtism with the module.
+test-bakeoff-smoke: build-release
+	$(RELEASE_BIN) bakeoff --smoke --check
+
 # vtismd in an emulated 3-node host managing nested QEMUs.
 test-host-e2e:
 	tests/host-e2e/run.sh
+
+# The Debian packages, into build/deb/: vtismd (cargo-deb) and vtism-guest-dkms.
+deb: deps-deb
+	scripts/build-debs.sh
+
+# Both packages installed with dpkg in an emulated Debian host (systemd, libvirt, dkms; its root
+# filesystem is built under build/packaging/ and cached), vtismd managing a libvirt domain.
+test-packaging: deb
+	tests/packaging/run.sh
 
 bench:
 	$(CARGO) bench --workspace

@@ -4,10 +4,15 @@
 # Fetch the two Debian 12 guest kernels vtism_guest is built and tested against:
 # the 6.1 LTS (bookworm's default) and the 6.12 backport kernel.
 #
-# For each series it apt-get installs linux-headers-<ver> (the kbuild tree the module builds
-# against) and downloads + extracts linux-image-<ver>-unsigned (vmlinuz and modules, never
-# installed on this machine) into a cache directory. Idempotent: a series already in the cache
-# whose headers are still installed is reused as is.
+# For each series it downloads (apt-get download) and extracts (dpkg -x) into a cache directory,
+# never installing anything: linux-image-<ver>-unsigned (vmlinuz and modules), and the kbuild
+# tree the module builds against: linux-headers-<ver>, its -common package and linux-kbuild-*.
+# They are extracted into one root per series, so the headers' relative symlinks (scripts, tools
+# -> ../../lib/linux-kbuild-*) resolve inside it; the two absolute references Debian's packages
+# carry are rewritten to the extracted tree: the `include /usr/src/linux-headers-*-common/Makefile`
+# of the arch headers' Makefile, and lib/modules/<ver>/{build,source}. Building needs the tools
+# the headers packages depend on (gcc-12, pahole for 6.12's BTF; scripts/install-deps.sh test).
+# Idempotent: a series already in the cache is reused as is.
 #
 # Usage: scripts/guest-kernels.sh [--print] [6.1|6.12 ...]
 #   default series: 6.1 6.12
@@ -18,8 +23,8 @@
 #   VTISM_KVER_6_12        pin a version, e.g. 6.12.117+deb12-amd64
 #   VTISM_KERNELS_REFRESH  1 = ignore the cache and resolve the newest version again
 #
-# Output: <cache>/<series>/env, a shell fragment with KVER, KDIR, VMLINUZ, MODDIR
-# (MODDIR is the extracted lib/modules/<ver>).
+# Output: <cache>/<series>/env, a shell fragment with KVER, KDIR (the extracted
+# usr/src/linux-headers-<ver>), VMLINUZ, MODDIR (the extracted lib/modules/<ver>).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,12 +79,33 @@ cached_ok() {
 	(
 		# shellcheck disable=SC1090
 		. "$envf"
-		[ -f "$KDIR/Makefile" ] && [ -f "$VMLINUZ" ] && [ -d "$MODDIR/kernel" ]
+		case $KDIR in "$(dirname "$envf")"/*) ;; *) exit 1 ;; esac
+		[ -f "$KDIR/Makefile" ] && [ -f "$VMLINUZ" ] && [ -d "$MODDIR/kernel" ] &&
+			[ -f "$(sed -n 's/^include //p' "$KDIR/Makefile")" ]
 	)
 }
 
+# Points the extracted headers at their own tree instead of /usr/src and /usr/lib.
+relocate_headers() {
+	local root=$1 ver=$2 mk common
+	mk=$root/usr/src/linux-headers-$ver/Makefile
+	common=$(sed -n 's|^include /usr/src/\(linux-headers-[^/]*\)/Makefile$|\1|p' "$mk")
+	[ -n "$common" ] && [ -f "$root/usr/src/$common/Makefile" ] || {
+		log "$mk: unexpected content: $(head -c 200 "$mk")"
+		return 1
+	}
+	echo "include $root/usr/src/$common/Makefile" >"$mk"
+	ln -sfn ../../../usr/src/linux-headers-"$ver" "$root/lib/modules/$ver/build"
+	ln -sfn ../../../usr/src/"$common" "$root/lib/modules/$ver/source"
+	[ -f "$root/usr/src/linux-headers-$ver/scripts/Makefile.build" ] || {
+		log "linux-headers-$ver: scripts do not resolve to the extracted linux-kbuild"
+		return 1
+	}
+}
+
 fetch_series() {
-	local s=$1 dir=$cache/$1 envf=$cache/$1/env ver pin img tmp
+	local s=$1 dir=$cache/$1 envf=$cache/$1/env ver pin img tmp deb
+	local -a pkgs
 	if [ "${VTISM_KERNELS_REFRESH:-0}" != 1 ] && cached_ok "$envf"; then
 		log "$s: cached ($(. "$envf" && echo "$KVER"))"
 		return 0
@@ -93,35 +119,38 @@ fetch_series() {
 	[ -n "$ver" ] || ver=$(resolve_version "$s")
 	log "$s: $ver"
 
-	if [ ! -f /usr/src/linux-headers-"$ver"/Makefile ]; then
-		log "apt-get install linux-headers-$ver"
-		if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			linux-headers-"$ver" >&2; then
-			apt_update_once
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-				linux-headers-"$ver" >&2
-		fi
-	fi
-
 	# The unsigned image has the same vmlinuz and modules as the signed one, minus signatures.
 	img=linux-image-$ver-unsigned
 	apt-cache show "$img" >/dev/null 2>&1 || img=linux-image-$ver
+	pkgs=("$img" linux-headers-"$ver")
+	# The headers' own dependencies name their -common and linux-kbuild packages.
+	pkgs+=($(apt-cache depends linux-headers-"$ver" |
+		sed -n 's/^ *|\?Depends: \(linux-\(headers-.*-common\|kbuild-.*\)\)$/\1/p'))
+	[ ${#pkgs[@]} -ge 4 ] || {
+		log "linux-headers-$ver: no -common or linux-kbuild dependency found (${pkgs[*]})"
+		return 1
+	}
 	tmp=$(mktemp -d "$cache/.dl.XXXXXX")
-	(cd "$tmp" && apt-get download -qq "$img" >&2) || {
+	chown _apt "$tmp" 2>/dev/null || true # apt downloads as _apt when run as root
+	log "apt-get download ${pkgs[*]}"
+	(cd "$tmp" && apt-get download -qq "${pkgs[@]}" >&2) || {
 		apt_update_once
-		(cd "$tmp" && apt-get download -qq "$img" >&2)
+		(cd "$tmp" && apt-get download -qq "${pkgs[@]}" >&2)
 	}
 	rm -rf "$dir"
 	mkdir -p "$dir"
-	dpkg -x "$tmp"/*.deb "$dir/root"
+	for deb in "$tmp"/*.deb; do
+		dpkg -x "$deb" "$dir/root"
+	done
 	rm -rf "$tmp"
 	[ -f "$dir/root/boot/vmlinuz-$ver" ] || {
 		log "$img has no /boot/vmlinuz-$ver"
 		return 1
 	}
+	relocate_headers "$dir/root" "$ver"
 	cat >"$envf" <<EOF
 KVER=$ver
-KDIR=/usr/src/linux-headers-$ver
+KDIR=$dir/root/usr/src/linux-headers-$ver
 VMLINUZ=$dir/root/boot/vmlinuz-$ver
 MODDIR=$dir/root/lib/modules/$ver
 EOF

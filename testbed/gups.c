@@ -1,18 +1,25 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 /*
- * GUPS with a hot set, for the testbed's nested guest.
+ * GUPS with a hot set, for the testbed's and the bake-off's nested guest.
  *
  * Allocates --mib MiB of anonymous memory (4 KiB pages: THP off, mlocked so the guest never
  * moves the frames under the ground truth), learns each page's guest frame from
  * /proc/self/pagemap and prints the ground truth on stdout:
  *   TBHOT <first-gfn> <frames>     runs of the hot set's frames
  *   TBCOLD <first-gfn> <frames>    runs of the rest
+ *   TBNEXT <first-gfn> <frames>    with --move-after: runs of the hot set after the move
  *   TBREADY hot=<frames> cold=<frames>
- * (and creates --ready-file if given), then updates random 8-byte words of the first --hot-mib MiB forever (the GUPS loop), and
- * touches the cold pages round-robin so that each is touched once every --cold-period seconds:
- * rarely enough that a tracker's history separates them from the hot set, often enough that
- * they are not simply idle. Every second:
- *   TBTPUT <ms since ready> <updates per second>
+ * (and creates --ready-file if given), then updates random 8-byte words forever (the GUPS loop):
+ *   - a share --uniform-share of the updates goes to random words of the whole region (HeMem's
+ *     GUPS: the background that keeps every page warm), the rest to the hot set (the first
+ *     --hot-mib MiB; --hot-mib may equal --mib: everything is hot);
+ *   - with --cold-period S, each cold page is also touched once every S seconds, round-robin
+ *     (0: never);
+ *   - with --move-after S, the hot set jumps S seconds after TBREADY to the middle of the region
+ *     (as HeMem's and the simulator's moving hot set do) and the workload prints
+ *     TBMOVE <ms since ready>.
+ * Every second:
+ *   TBTPUT <ms since ready> <updates per second> <of them uniform> <cold touches per second>
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -41,20 +48,26 @@ static uint64_t now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static unsigned long arg(int argc, char **argv, const char *name, unsigned long def)
-{
-	for (int i = 1; i + 1 < argc; i++)
-		if (!strcmp(argv[i], name))
-			return strtoul(argv[i + 1], NULL, 0);
-	return def;
-}
-
 static const char *sarg(int argc, char **argv, const char *name)
 {
 	for (int i = 1; i + 1 < argc; i++)
 		if (!strcmp(argv[i], name))
 			return argv[i + 1];
 	return NULL;
+}
+
+static unsigned long arg(int argc, char **argv, const char *name, unsigned long def)
+{
+	const char *v = sarg(argc, argv, name);
+
+	return v ? strtoul(v, NULL, 0) : def;
+}
+
+static double farg(int argc, char **argv, const char *name, double def)
+{
+	const char *v = sarg(argc, argv, name);
+
+	return v ? strtod(v, NULL) : def;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -67,32 +80,48 @@ static int cmp_u64(const void *a, const void *b)
 /*
  * Print the frames of pages [first, first + n) as runs of consecutive gfns, sorted: the page
  * allocator hands out frames in shuffled order, and one line per frame through a TCG serial port
- * costs seconds per thousand.
+ * costs seconds per thousand. Sorts a copy: the caller's page order stays.
  */
-static void print_runs(const char *tag, uint64_t *gfn, size_t first, size_t n)
+static void print_runs(const char *tag, const uint64_t *gfn, size_t first, size_t n)
 {
-	size_t i = first, end = first + n;
+	uint64_t *s = malloc(n * sizeof(*s));
+	size_t i = 0;
 
-	qsort(gfn + first, n, sizeof(*gfn), cmp_u64);
-
-	while (i < end) {
+	if (!s)
+		die("malloc");
+	memcpy(s, gfn + first, n * sizeof(*s));
+	qsort(s, n, sizeof(*s), cmp_u64);
+	while (i < n) {
 		size_t k = 1;
 
-		while (i + k < end && gfn[i + k] == gfn[i] + k)
+		while (i + k < n && s[i + k] == s[i] + k)
 			k++;
-		printf("%s %llu %zu\n", tag, (unsigned long long)gfn[i], k);
+		printf("%s %llu %zu\n", tag, (unsigned long long)s[i], k);
 		i += k;
 	}
+	free(s);
+}
+
+static inline uint64_t xorshift(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
 }
 
 int main(int argc, char **argv)
 {
 	size_t mib = arg(argc, argv, "--mib", 128), hot_mib = arg(argc, argv, "--hot-mib", 16);
 	unsigned long cold_period = arg(argc, argv, "--cold-period", 30);
+	unsigned long move_after = arg(argc, argv, "--move-after", 0);
+	double uniform = farg(argc, argv, "--uniform-share", 0);
 	size_t pages = mib * 256, hot = hot_mib * 256;
 
-	if (!mib || hot == 0 || hot >= pages || !cold_period) {
-		fprintf(stderr, "usage: gups --mib N --hot-mib H (0 < H < N) [--cold-period S]\n");
+	if (!mib || hot == 0 || hot > pages || !(uniform >= 0 && uniform < 1) ||
+	    (move_after && hot * 2 > pages)) {
+		fprintf(stderr, "usage: gups --mib N --hot-mib H (0 < H <= N) [--cold-period S (0: off)]\n"
+				"            [--uniform-share F (0 <= F < 1)] [--move-after S (needs 2H <= N)]\n");
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -123,8 +152,13 @@ int main(int argc, char **argv)
 		gfn[i] = e & ((1ULL << 55) - 1);
 	}
 	close(pm);
+	/* the moved hot set sits in the middle of the region, as in the simulator's model */
+	size_t next = (pages - hot) / 2;
 	print_runs("TBHOT", gfn, 0, hot);
-	print_runs("TBCOLD", gfn, hot, pages - hot);
+	if (hot < pages)
+		print_runs("TBCOLD", gfn, hot, pages - hot);
+	if (move_after)
+		print_runs("TBNEXT", gfn, next, hot);
 	printf("TBREADY hot=%zu cold=%zu\n", hot, pages - hot);
 	free(gfn);
 	const char *ready = sarg(argc, argv, "--ready-file");
@@ -136,32 +170,58 @@ int main(int argc, char **argv)
 		close(fd);
 	}
 
-	uint64_t *words = (uint64_t *)p, nwords = hot * PAGE / 8, x = 0x9e3779b97f4a7c15ULL;
-	uint64_t t0 = now_ms(), last = t0, updates = 0;
-	size_t cold_next = hot, cold = pages - hot;
+	uint64_t *all = (uint64_t *)p, nall = pages * PAGE / 8, nhot = hot * PAGE / 8;
+	uint64_t *hotw = all, x = 0x9e3779b97f4a7c15ULL, y = 0xd1b54a32d192ed03ULL;
+	/* an update is uniform when the top 32 bits of y fall below this */
+	uint64_t uniform_below = (uint64_t)(uniform * 4294967296.0);
+	uint64_t t0 = now_ms(), last = t0, updates = 0, uniform_updates = 0, touches = 0;
+	/* round-robin over the pages outside the hot set in force */
+	size_t cold_next = 0, hot_first = 0;
 	double cold_debt = 0;
+	int moved = 0;
 
 	for (;;) {
 		for (int i = 0; i < 4096; i++) {
-			x ^= x << 13;
-			x ^= x >> 7;
-			x ^= x << 17;
-			words[x % nwords] ^= x;
+			uint64_t r = xorshift(&x);
+
+			if ((xorshift(&y) >> 32) < uniform_below) {
+				all[r % nall] ^= r;
+				uniform_updates++;
+			} else {
+				hotw[r % nhot] ^= r;
+			}
 		}
 		updates += 4096;
 		uint64_t t = now_ms();
 		if (t - last < 1000)
 			continue;
-		/* cold pages due since the last report, round-robin */
-		cold_debt += (double)cold * (double)(t - last) / (cold_period * 1000.0);
-		for (; cold_debt >= 1; cold_debt--) {
-			p[cold_next * PAGE + 64]++;
-			if (++cold_next == pages)
-				cold_next = hot;
+		if (move_after && !moved && t - t0 >= move_after * 1000) {
+			moved = 1;
+			hot_first = next;
+			hotw = all + next * PAGE / 8;
+			printf("TBMOVE %llu\n", (unsigned long long)(t - t0));
 		}
-		printf("TBTPUT %llu %llu\n", (unsigned long long)(t - t0),
-		       (unsigned long long)(updates * 1000 / (t - last)));
-		updates = 0;
+		/* cold pages due since the last report, round-robin, skipping the hot set */
+		if (cold_period && hot < pages) {
+			cold_debt += (double)(pages - hot) * (double)(t - last) / (cold_period * 1000.0);
+			for (; cold_debt >= 1; cold_debt--) {
+				for (;;) {
+					if (cold_next >= pages)
+						cold_next = 0;
+					if (cold_next < hot_first || cold_next >= hot_first + hot)
+						break;
+					cold_next = hot_first + hot;
+				}
+				p[cold_next * PAGE + 64]++;
+				touches++;
+				cold_next++;
+			}
+		}
+		printf("TBTPUT %llu %llu %llu %llu\n", (unsigned long long)(t - t0),
+		       (unsigned long long)(updates * 1000 / (t - last)),
+		       (unsigned long long)(uniform_updates * 1000 / (t - last)),
+		       (unsigned long long)(touches * 1000 / (t - last)));
+		updates = uniform_updates = touches = 0;
 		last = t;
 	}
 }

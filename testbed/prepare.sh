@@ -3,6 +3,7 @@
 # Debian's 6.12 kernel image and modules (scripts/guest-kernels.sh), vtism_guest.ko for it, the
 # static GUPS workload, the nested guest's initramfs and the emulated host's initramfs.
 # Prints KEY=VALUE lines for the driver on stdout; progress goes to stderr.
+# With `--bakeoff VTISM_BIN` it also builds the bake-off's pieces (testbed/prepare-bakeoff.sh).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$repo/build/testbed
@@ -54,6 +55,9 @@ if [ ! -f "$host_initrd" ] || [ "$repo/tests/host-e2e/mkinitramfs.sh" -nt "$host
 	"$repo/tests/host-e2e/mkinitramfs.sh" "$MODDIR" "$host_initrd"
 fi
 
+if [ "${1:-}" = --bakeoff ]; then
+	"$repo/testbed/prepare-bakeoff.sh" "${2:?--bakeoff needs the vtism binary}" "$ko" "$gups"
+fi
 echo "KVER=$KVER"
 echo "VMLINUZ=$VMLINUZ"
 echo "HOST_INITRD=$host_initrd"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 #
-# /init of the vtism e2e test guest (busybox initramfs built by mkinitramfs.sh).
+# /init of the vtism_guest e2e test guest (busybox initramfs built by mkinitramfs.py).
 #
 # Drives the scenario and prints machine-readable lines on the serial console, which the host
 # side (chanmon.py) follows while it reads the channel file:
@@ -11,7 +11,9 @@
 #   VTRESULT <name> ok|fail <detail>   a check done inside the guest
 #   VTDMESG <line>              kernel log lines of interest
 #   VTDONE                      end of scenario (the guest powers off next)
-# The host answers through the channel's feedback block; the guest sees its effect in sysfs.
+# The host (modmon.py) answers through the channel's feedback block on the phase markers
+# (quota-hot, quota-wide: fast_quota_bytes; feedback-request/-end: entry_budget and
+# min_interval_ms); the guest sees its effect in sysfs.
 
 export PATH=/bin:/sbin
 /bin/busybox --install -s /bin
@@ -57,11 +59,27 @@ wait_stat() {
 		[ $t -lt $((${3:-60} * 5)) ] || return 1
 	done
 }
+# wait_stat_nonzero NAME [timeout_s], wait_stat_changes NAME OLD [timeout_s]
+wait_stat_nonzero() {
+	t=0
+	while [ "$(cat $S/$1 2>/dev/null || echo 0)" = 0 ]; do
+		sleep 0.2; t=$((t + 1))
+		[ $t -lt $((${2:-60} * 5)) ] || return 1
+	done
+}
+wait_stat_changes() {
+	t=0
+	while [ "$(cat $S/$1 2>/dev/null)" = "$2" ]; do
+		sleep 0.2; t=$((t + 1))
+		[ $t -lt $((${3:-60} * 5)) ] || return 1
+	done
+}
 rand_ms() { echo $(($(od -An -N2 -tu2 /dev/urandom) % $1)); }
 msleep() { usleep $(($1 * 1000)); }
 
-# Fast scanning for the lifetime tests: T = 0, the scanner is (almost) always mid-scan.
-FAST="interval_k=0 interval_kb=0 interval_base_ms=0"
+# Busy tracking for the lifetime tests: the whole vCPU as budget, sweeps back to back, short
+# windows and periods: the thread is (almost) always inside a pass or a window.
+FAST="cpu_budget_bp=10000 interval_k=0 interval_kb=0 interval_base_ms=0 coarse_period_ms=1 coarse_window_max_us=200 fine_window_max_us=2000 round_ms=200"
 fast() { for kv in $FAST; do echo "${kv#*=}" >"$P/${kv%%=*}"; done; }
 
 flag() { grep -m1 '^flags' /proc/cpuinfo | grep -q -w "$1" && echo 1 || echo 0; }
@@ -78,9 +96,9 @@ else
 	poweroff -f
 fi
 
-# ---- workload with a known hot and cold set ----
+# ---- workload: a hot set, a warm background (its cold set touched every 2 s), idle frames ----
 /bin/vtism-workload run --hot-anon 1024 --hot-anon-ro 256 --hot-file 256 --hot-shmem 256 --thp 2 \
-	--cold-anon 4096 --cold-period 5 >/tmp/wl.log 2>&1 &
+	--cold-anon 4096 --cold-every-ms 2000 >/tmp/wl.log 2>&1 &
 WL=$!
 t=0
 until grep -q '^VTGT ready' /tmp/wl.log; do
@@ -90,32 +108,60 @@ done
 cat /tmp/wl.log
 grep -q '^VTGT ready' /tmp/wl.log && result workload ok "pid $WL" || result workload fail "no ground truth"
 
-# History must fill the window (8 rounds) before the hot set is separable.
-wait_rounds 10
+# The host gives the guest a fast-memory quota of the hot set's size; the window loops aim at it.
+phase quota-hot
+wait_stat_nonzero feedback_fast_quota_bytes 60 || say "VTLOG no quota from the host"
+# Warm-up: the coarse rates build up over ~24 windows, the fine sweeps need a few passes over
+# every region before the frames' rates settle.
+wait_rounds 24 120
 phase steady
 stats steady-start
-wait_rounds 6
+wait_rounds 8 60
 phase steady-end
 stats steady
 
-# ---- the same with the full walk: pruning must not lose hot frames ----
+# ---- the windows follow the host's quota: 8 times the hot set ----
+q0=$(cat $S/feedback_fast_quota_bytes)
+phase quota-wide
+wait_stat_changes feedback_fast_quota_bytes "$q0" 60 || say "VTLOG no new quota from the host"
+stats quota-wide-start
+wait_rounds 16 90
+stats quota-wide
+q0=$(cat $S/feedback_fast_quota_bytes)
+phase quota-hot
+wait_stat_changes feedback_fast_quota_bytes "$q0" 60 || say "VTLOG no new quota from the host"
+wait_rounds 12 90
+
+# ---- the same with every PTE table read: pruning must not lose hot frames ----
 echo 0 >$P/prune
-wait_rounds 1
+wait_rounds 3 60
 phase noprune
 stats noprune-start
-wait_rounds 5
+wait_rounds 6 60
 phase noprune-end
 stats noprune
 echo 1 >$P/prune
 
-# ---- control: threshold 1 publishes anything young in the window, cold frames included ----
-echo 1 >$P/hot_threshold
-wait_rounds 1
-phase thr1
-wait_rounds 6
-phase thr1-end
-echo 3 >$P/hot_threshold
-wait_rounds 1
+# ---- the bias of clearing Accessed bits without a TLB flush (measured, the default flushes) ----
+echo 0 >$P/tlb_flush
+wait_rounds 6 60
+phase notlb
+stats notlb-start
+wait_rounds 6 60
+phase notlb-end
+stats notlb
+echo 1 >$P/tlb_flush
+wait_rounds 8 60
+
+# ---- the default budget (1% of a vCPU), which binds under TCG: the tracker must stay in it ----
+b0=$(cat $P/cpu_budget_bp)
+echo 100 >$P/cpu_budget_bp
+wait_rounds 3 60
+stats budget1-start
+wait_rounds 10 60
+stats budget1
+echo "$b0" >$P/cpu_budget_bp
+wait_rounds 3 60
 
 # ---- host feedback: the host sets entry_budget and min_interval_ms on this marker ----
 phase feedback-request
@@ -132,7 +178,7 @@ wait_rounds 3
 stats feedback
 
 # ---- processes exiting while being scanned ----
-# T = 0 from here: the scanner is nearly always inside some address space
+# busy from here: the tracker is nearly always inside some address space
 phase fast
 fast
 /bin/vtism-workload churn --size 256 --max-ms 500 --procs 3 >/tmp/churn.log 2>&1 &
@@ -164,7 +210,7 @@ while [ $i -lt 40 ]; do
 	msleep $(rand_ms 1200)
 	rmmod vtism_guest || fails=$((fails + 1))
 	insmod /vtism_guest.ko $MODPARAMS $FAST || fails=$((fails + 1))
-	mid=$(dmesg | grep -c 'stopped in the middle of a scan')
+	mid=$(dmesg | grep -c 'stopped in the middle of a')
 	[ $i -ge 20 ] && [ "$mid" -ge 3 ] && break
 done
 msleep $(rand_ms 300)

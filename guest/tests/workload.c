@@ -8,16 +8,21 @@
  *   vtism-workload churn [opts] keeps forking short-lived children that map, touch and exit,
  *                               so address spaces die while the module scans them
  *
- * The hot set is touched continuously. The cold set is touched once every --cold-period
- * rounds of the module (read from sysfs), so in any single round some cold frames are young
- * and only the per-frame history over several rounds can tell them from the hot ones. It sits
- * alone in a 1 GiB-aligned block (an idle PUD entry between touches); a second, idle cold
- * set (touched at setup only) sits among the hot mappings (idle PMD entries).
+ * The hot set is touched continuously (every 20 ms plus the time a pass takes). With
+ * --cold-every-ms the cold set is a warm background: each of its pages is touched once every
+ * that many milliseconds, the touches spread evenly over the period (what HeMem's GUPS, whose
+ * background updates are spread uniformly over its region, looks like to a tracker); without
+ * it the whole cold set is touched once
+ * every --cold-period rounds of the tracker (read from --rounds-file), so in any single round
+ * some cold frames are young and only an estimate over several rounds can tell them from the
+ * hot ones. It sits alone in a 1 GiB-aligned block (an idle PUD entry between touches); a
+ * second, idle cold set (touched at setup only) sits among the hot mappings (idle PMD entries).
  *
  * Ground-truth lines: "VTGT <class> <type> <dirty> <first-gfn> <frames>", class hot|cold,
  * type anon|file|shmem, dirty 0|1 (was the page ever written through this mapping: the
  * write bit the module must report, from a Dirty bit it never clears), and for THPs
- * "VTGT thp anon 1 <head-gfn> 512". Then "VTGT ready".
+ * "VTGT thp anon 1 <head-gfn> 512"; the idle part of the cold frames once more as
+ * "VTGT idle <first-gfn> <frames>". Then "VTGT ready".
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -144,16 +149,20 @@ static void setup_shmem(struct region *r)
 
 static unsigned int sum;
 
+static void touch_page(struct region *r, size_t i)
+{
+	if (r->write)
+		r->p[i * PAGE + 64]++;
+	else
+		sum += r->p[i * PAGE + 64];
+}
+
 static void touch(struct region *r)
 {
 	size_t i;
 
-	for (i = 0; i < r->pages; i++) {
-		if (r->write)
-			r->p[i * PAGE + 64]++;
-		else
-			sum += r->p[i * PAGE + 64];
-	}
+	for (i = 0; i < r->pages; i++)
+		touch_page(r, i);
 }
 
 static void record(struct region *r)
@@ -173,7 +182,7 @@ static void record(struct region *r)
 }
 
 /* Print runs of consecutive frames, in either direction, as first-gfn + count. */
-static void print_truth(struct region *r)
+static void print_truth(struct region *r, int idle)
 {
 	size_t i = 0;
 
@@ -187,8 +196,11 @@ static void print_truth(struct region *r)
 
 		while (i + n < r->pages && r->gfn[i + n] == r->gfn[i] + n)
 			n++;
-		printf("VTGT %s %s %d %llu %zu\n", r->class, type_name[r->type], r->dirty,
-		       (unsigned long long)r->gfn[i], n);
+		if (idle)
+			printf("VTGT idle %llu %zu\n", (unsigned long long)r->gfn[i], n);
+		else
+			printf("VTGT %s %s %d %llu %zu\n", r->class, type_name[r->type], r->dirty,
+			       (unsigned long long)r->gfn[i], n);
 		i += n;
 	}
 }
@@ -283,9 +295,12 @@ static int run(int argc, char **argv)
 	};
 	const size_t nr = sizeof(r) / sizeof(r[0]), cold = 5;
 	long period = (long)opt(argc, argv, "--cold-period", 5);
+	long every_ms = (long)opt(argc, argv, "--cold-every-ms", 0);
 	const char *rounds_path = sopt(argc, argv, "--rounds-file",
 				       "/sys/kernel/vtism_guest/rounds");
 	long last_cold = -1, cold_touches = 0;
+	struct timespec now, t_start;
+	size_t due, warm_done = 0;
 	struct timespec nap = { 0, 20 * 1000 * 1000 };
 	size_t i, m = 0;
 	int rfd, bad;
@@ -315,16 +330,30 @@ static int run(int argc, char **argv)
 	if (bad)
 		printf("VTGT thp-bad %d\n", bad);
 	for (i = 0; i < nr; i++)
-		print_truth(&r[i]);
+		print_truth(&r[i], 0);
+	print_truth(&r[6], 1);
 	printf("VTGT ready\n");
 	fflush(stdout);
 
 	rfd = open(rounds_path, O_RDONLY);
+	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	while (!stop) {
 		long rounds;
 
 		for (i = 0; i < cold; i++)
 			touch(&r[i]);
+		if (every_ms) {
+			/* spread over the period, as GUPS's background updates are: each page once */
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			due = (size_t)(((now.tv_sec - t_start.tv_sec) * 1000 +
+					(now.tv_nsec - t_start.tv_nsec) / 1000000) *
+				       (long)r[cold].pages / every_ms);
+			for (; warm_done < due; warm_done++)
+				touch_page(&r[cold], warm_done % r[cold].pages);
+			cold_touches = (long)(warm_done / r[cold].pages);
+			nanosleep(&nap, NULL);
+			continue;
+		}
 		rounds = read_rounds(rfd);
 		if (rounds < 0) {	/* module reloading: reopen */
 			if (rfd >= 0)

@@ -14,18 +14,8 @@ mkdir -p $W/qmp
 ip link set lo up 2>/dev/null || busybox ip link set lo up
 exec 2>&1
 
-pass() { echo "PASS $*" | tee -a "$OUT/results"; }
-fail() { echo "FAIL $*" | tee -a "$OUT/results"; }
-check() { # check NAME COMMAND...: PASS if the command succeeds
-	local name=$1
-	shift
-	local out
-	if out=$("$@" 2>&1); then
-		pass "$name: $(echo "$out" | tail -1)"
-	else
-		fail "$name: $(echo "$out" | tail -3 | tr '\n' ' ')"
-	fi
-}
+# shellcheck source=tests/lib/checks.sh
+. "$REPO/tests/lib/checks.sh"
 ctl() { $BIN ctl --socket $W/ctl.sock "$@"; }
 status_json() { ctl status --json 2>/dev/null; }
 ctl_quota() { vm_field "$1" quota_bytes; }

@@ -38,26 +38,13 @@ out=$(mktemp -d /tmp/vtism-host-e2e.XXXXXX)
 chmod 755 "$out"
 [ "${VTISM_E2E_KEEP:-0}" = 1 ] || trap 'rm -rf "$out"' EXIT
 
-hmat=()
-lb() { hmat+=(-numa "hmat-lb,initiator=$1,target=$2,hierarchy=memory,data-type=access-latency,latency=$3"
-	-numa "hmat-lb,initiator=$1,target=$2,hierarchy=memory,data-type=access-bandwidth,bandwidth=$4"); }
-lb 0 0 10 10G
-lb 0 1 20 5G
-lb 0 2 80 2G
-lb 1 0 20 5G
-lb 1 1 10 10G
-lb 1 2 100 1G
+# shellcheck source=tests/lib/emuhost.sh
+. tests/lib/emuhost.sh
 
 log "booting the emulated host (kernel $KVER)"
 set +e
 timeout "${VTISM_E2E_TIMEOUT:-600}" nice -n 10 qemu-system-x86_64 \
-	-accel tcg,thread=multi -machine q35,hmat=on -cpu max -smp 2,sockets=2 -m 3G \
-	-object memory-backend-ram,size=1G,id=m0 -object memory-backend-ram,size=1G,id=m1 \
-	-object memory-backend-ram,size=1G,id=m2 \
-	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1 \
-	-numa node,nodeid=2,memdev=m2,initiator=0 \
-	-numa dist,src=0,dst=1,val=21 -numa dist,src=0,dst=2,val=24 -numa dist,src=1,dst=2,val=32 \
-	"${hmat[@]}" \
+	"${emuhost_machine[@]}" \
 	-kernel "$VMLINUZ" -initrd build/host-e2e/initramfs.cpio.gz \
 	-append "console=ttyS0 quiet panic=-1 vtism.run=$repo/tests/host-e2e/inner.sh" \
 	-virtfs local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap \

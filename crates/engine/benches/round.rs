@@ -1,200 +1,140 @@
-//! One engine round for a 32 GiB VM (8 Mi frames) with 2 Mi hint entries: ingest + plan.
-//! Target (issue): <= 20 ms on one core. Also reports engine memory per GiB of guest.
+//! One engine round for a 32 GiB VM (8 Mi frames) with about 2 Mi hint entries: ingest + plan, in
+//! the steady state. Target (issue 11): at most 10 ms on one idle core. Also reports engine memory
+//! per GiB of guest.
+//!
+//! `VTISM_BENCH_ROUNDS=<group>/<shape>[:n]` skips Criterion: it sets the shape up, runs `n` rounds
+//! (default 4) in `measured_rounds` and exits, for instruction counts that do not depend on the
+//! machine's other load (`valgrind --tool=callgrind --collect-atstart=no
+//! --toggle-collect='*measured_rounds*'`).
 
 mod support {
     pub mod cpu_time;
+    pub mod shapes;
 }
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{BatchSize, Criterion, Throughput};
 use support::cpu_time::ThreadCpuTime;
+use support::shapes::{self, Mix, Shape, FRAMES, GIB, VM};
 use vtism_engine::synth::GupsHotSet;
 use vtism_engine::*;
-use vtism_proto::{Gfn, HintEntry, RamMap, FRAME_SIZE};
+use vtism_proto::{CountMeaning, Gfn, FRAME_SIZE};
 
-const GIB: u64 = 1 << 30;
-const VM_BYTES: u64 = 32 * GIB;
-const FRAMES: u64 = VM_BYTES / FRAME_SIZE;
-
-fn setup() -> (VtismPolicy, Vec<Vec<HintEntry>>) {
-    setup_shape(1_835_008, 0.04)
+/// The shapes benchmarked, by group and name.
+fn shape(group: &str, name: &str) -> Option<Shape> {
+    let counts = match group {
+        "engine_32GiB_2Mi_hints" => {
+            return (name == "round_ingest_plus_plan" || name == "ingest_only")
+                .then(|| shapes::gups(1_835_008, 0.04))
+        }
+        "engine_32GiB_2Mi_sequential_hints" => return Some(shapes::gups(1_900_000, 0.0)),
+        "engine_32GiB_round_v1.0" => CountMeaning::RoundsSeen,
+        "engine_32GiB_round_v1.1" => CountMeaning::RateLevel,
+        _ => return None,
+    };
+    let mix = match name {
+        "hot_first_runs" => Mix::HotFirstRuns,
+        "random_order" => Mix::RandomOrder,
+        "huge_units" => Mix::HugeUnits,
+        "duplicates" => Mix::Duplicates,
+        _ => return None,
+    };
+    Some(shapes::publication(counts, mix))
 }
 
-/// `hot` frames hinted every round plus random cold touches (`cold_touch` of the rest a round).
-fn setup_shape(hot: u64, cold_touch: f64) -> (VtismPolicy, Vec<Vec<HintEntry>>) {
-    let topo = Topology::new(
-        vec![
-            NodeSpec {
-                id: NodeId(0),
-                tier: Tier(0),
-                capacity_bytes: 64 * GIB,
-                cpus: vec![0, 1],
-                socket: 0,
-            },
-            NodeSpec {
-                id: NodeId(1),
-                tier: Tier(1),
-                capacity_bytes: 256 * GIB,
-                cpus: vec![],
-                socket: 0,
-            },
-        ],
-        None,
-    )
-    .unwrap();
-    let mut e = VtismPolicy::new(
-        topo,
-        EngineParams {
-            round_budget_bytes: 1 << 30,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    // RAM map shaped like a real q35 guest: 2 GiB below the PCI hole, the rest above 4 GiB.
-    let low = (2 * GIB) / FRAME_SIZE;
-    let ram = RamMap::new(vec![
-        vtism_proto::GfnRange::new(Gfn(0), Gfn(low)),
-        vtism_proto::GfnRange::new(
-            Gfn((4 * GIB) / FRAME_SIZE),
-            Gfn((4 * GIB) / FRAME_SIZE + FRAMES - low),
-        ),
-    ])
-    .unwrap();
-    let vm = VmId(1);
-    e.add_vm(VmSpec {
-        id: vm,
-        ram,
-        fast_quota_bytes: 8 * GIB,
-        home_node: Some(NodeId(0)),
-    })
-    .unwrap();
-    e.set_placement(vm, Gfn(0), low, Some(NodeId(0))).unwrap();
-    e.set_placement(
-        vm,
-        Gfn((4 * GIB) / FRAME_SIZE),
-        FRAMES - low,
-        Some(NodeId(1)),
-    )
-    .unwrap();
-    // Default shape: 1.75 Mi hot frames (7 GiB) every round + ~0.25 Mi cold touches = ~2 Mi.
-    let mut g = GupsHotSet::new(
-        Gfn((4 * GIB) / FRAME_SIZE),
-        FRAMES - low,
-        hot,
-        cold_touch,
-        3,
-    );
-    g.move_hot_set(2_000_000);
-    let rounds: Vec<Vec<HintEntry>> = (0..4).map(|_| g.round()).collect();
-    assert!(rounds[0].len() >= 1_900_000, "{} entries", rounds[0].len());
-    // Converge first: the steady state is what a host lives in.
-    let mut last = None;
-    for r in 0..40 {
-        e.observe(
-            vm,
-            Observation::Hints {
-                entries: &rounds[r % 4],
-                overflow: false,
-                counts: vtism_proto::CountMeaning::RoundsSeen,
-            },
-            Nanos::from_secs(r as u64),
-        )
+const MIXES: [&str; 4] = ["hot_first_runs", "random_order", "huge_units", "duplicates"];
+
+fn round(e: &mut VtismPolicy, s: &Shape, t: u64) -> Plan {
+    e.observe(VM, s.observation(t), Nanos::from_secs(t))
         .unwrap();
-        last = Some(e.plan(&PlanContext::default(), Nanos::from_secs(r as u64)));
-    }
-    let s = &last.expect("40 rounds").stats.vms[0];
-    eprintln!(
-        "steady state: {} hot frames ({} fast), hot set {}, last round moved {} frames",
-        s.hot_frames,
-        s.hot_fast_frames,
-        s.hot_set_frames,
-        s.promote_frames + s.demote_frames + s.refill_frames
-    );
-    (e, rounds)
+    e.plan(&PlanContext::default(), Nanos::from_secs(t))
 }
 
-fn bench(c: &mut Criterion<ThreadCpuTime>) {
-    let (mut e, rounds) = setup();
-    let vm = VmId(1);
+/// The engine for the GUPS shape, converged, with its memory printed.
+fn converged_gups(gups: &Shape) -> VtismPolicy {
+    let e = shapes::converged(gups);
     eprintln!(
         "engine memory: {:.2} MiB for a 32 GiB VM = {:.1} KiB per GiB of guest ({:.2} bytes per 4 KiB frame)",
         e.memory_bytes() as f64 / (1 << 20) as f64,
         e.memory_bytes() as f64 / 1024.0 / 32.0,
         e.memory_bytes() as f64 / FRAMES as f64
     );
+    e
+}
+
+fn bench(c: &mut Criterion<ThreadCpuTime>) {
+    let mut t = 100u64;
+    // Engines are converged on first use, so that a filtered run only sets up what it measures.
+    let gups = shapes::gups(1_835_008, 0.04);
+    let mut converged = None;
+    // A GUPS hot set (one contiguous range, counts are rounds seen) plus random cold touches.
     let mut g = c.benchmark_group("engine_32GiB_2Mi_hints");
     g.sample_size(20);
-    g.throughput(Throughput::Elements(rounds[0].len() as u64));
-    let mut t = 100u64;
+    g.throughput(Throughput::Elements(gups.entries()));
     g.bench_function("round_ingest_plus_plan", |b| {
+        let e = converged.get_or_insert_with(|| converged_gups(&gups));
         b.iter(|| {
             t += 1;
-            let r = &rounds[(t % 4) as usize];
-            e.observe(
-                vm,
-                Observation::Hints {
-                    entries: r,
-                    overflow: false,
-                    counts: vtism_proto::CountMeaning::RoundsSeen,
-                },
-                Nanos::from_secs(t),
-            )
-            .unwrap();
-            e.plan(&PlanContext::default(), Nanos::from_secs(t))
+            round(e, &gups, t)
         })
     });
     g.bench_function("ingest_only", |b| {
+        let e = converged.get_or_insert_with(|| converged_gups(&gups));
         b.iter(|| {
             t += 1;
-            let r = &rounds[(t % 4) as usize];
-            e.observe(
-                vm,
-                Observation::Hints {
-                    entries: r,
-                    overflow: false,
-                    counts: vtism_proto::CountMeaning::RoundsSeen,
-                },
-                Nanos::from_secs(t),
-            )
-            .unwrap()
+            e.observe(VM, gups.observation(t), Nanos::from_secs(t))
+                .unwrap()
         })
     });
     g.bench_function("plan_only", |b| {
+        let e = converged.get_or_insert_with(|| converged_gups(&gups));
         b.iter(|| {
             e.mark_all_dirty(); // a flag per VM: nothing to measure
             e.plan(&PlanContext::default(), Nanos::from_secs(t))
         })
     });
     g.finish();
+    drop((converged, gups));
     // The same number of hints, all in one contiguous hot set: no random accesses.
-    let (mut e2, seq) = setup_shape(1_900_000, 0.0);
+    let seq = shapes::gups(1_900_000, 0.0);
+    let mut converged = None;
     let mut g = c.benchmark_group("engine_32GiB_2Mi_sequential_hints");
     g.sample_size(20);
-    g.throughput(Throughput::Elements(seq[0].len() as u64));
+    g.throughput(Throughput::Elements(seq.entries()));
     g.bench_function("round_ingest_plus_plan", |b| {
+        let e = converged.get_or_insert_with(|| shapes::converged(&seq));
         b.iter(|| {
             t += 1;
-            let r = &seq[(t % 4) as usize];
-            e2.observe(
-                vm,
-                Observation::Hints {
-                    entries: r,
-                    overflow: false,
-                    counts: vtism_proto::CountMeaning::RoundsSeen,
-                },
-                Nanos::from_secs(t),
-            )
-            .unwrap();
-            e2.plan(&PlanContext::default(), Nanos::from_secs(t))
+            round(e, &seq, t)
         })
     });
     g.finish();
+    drop((converged, seq));
+    // What guests publish: scattered hot sets, hottest first or not, 2 MiB units, duplicates; with
+    // counts that are rounds seen (channel v1.0) and rate levels (v1.1).
+    for group in ["engine_32GiB_round_v1.0", "engine_32GiB_round_v1.1"] {
+        let mut g = c.benchmark_group(group);
+        g.sample_size(20);
+        for name in MIXES {
+            let s = shape(group, name).expect("a benchmarked shape");
+            let mut converged = None;
+            g.throughput(Throughput::Elements(s.entries()));
+            g.bench_function(name, |b| {
+                let e = converged.get_or_insert_with(|| shapes::converged(&s));
+                b.iter(|| {
+                    t += 1;
+                    round(e, &s, t)
+                })
+            });
+        }
+        g.finish();
+    }
     // A converging round: the hot set just moved, the plan is full (1 GiB budget).
     let mut g = c.benchmark_group("engine_32GiB_converging");
     g.sample_size(10);
     g.bench_function("round_after_hot_set_move", |b| {
         b.iter_batched(
             || {
-                let (e, _) = setup();
+                let e = shapes::converged(&shapes::gups(1_835_008, 0.04));
                 let mut gen = GupsHotSet::new(
                     Gfn((4 * GIB) / FRAME_SIZE),
                     FRAMES - (2 * GIB) / FRAME_SIZE,
@@ -207,11 +147,11 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
             },
             |(mut e, hints)| {
                 e.observe(
-                    vm,
+                    VM,
                     Observation::Hints {
                         entries: &hints,
                         overflow: false,
-                        counts: vtism_proto::CountMeaning::RoundsSeen,
+                        counts: CountMeaning::RoundsSeen,
                     },
                     Nanos::from_secs(1000),
                 )
@@ -224,9 +164,45 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
     g.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default().with_measurement(ThreadCpuTime);
-    targets = bench
+/// The rounds an instruction count covers (`--toggle-collect='*measured_rounds*'`).
+#[inline(never)]
+fn measured_rounds(e: &mut VtismPolicy, s: &Shape, ingest_only: bool, n: u64) -> u64 {
+    let mut moved = 0;
+    for t in 1000..1000 + n {
+        if ingest_only {
+            e.observe(VM, s.observation(t), Nanos::from_secs(t))
+                .unwrap();
+        } else {
+            moved += round(e, s, t).moves.len() as u64;
+        }
+    }
+    moved
 }
-criterion_main!(benches);
+
+/// `VTISM_BENCH_ROUNDS=<group>/<shape>[:n]`: set up, run `n` rounds, exit.
+fn count_rounds(spec: &str) {
+    let (id, n) = match spec.split_once(':') {
+        Some((id, n)) => (id, n.parse().expect("VTISM_BENCH_ROUNDS: rounds after ':'")),
+        None => (spec, 4),
+    };
+    let (group, name) = id
+        .split_once('/')
+        .expect("VTISM_BENCH_ROUNDS=<group>/<shape>[:n]");
+    let s =
+        shape(group, name).unwrap_or_else(|| panic!("VTISM_BENCH_ROUNDS: no shape {group}/{name}"));
+    let mut e = shapes::converged(&s);
+    let moved = measured_rounds(&mut e, &s, name == "ingest_only", n);
+    eprintln!("{id}: {n} rounds of {} entries, {moved} moves", s.entries());
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("VTISM_BENCH_ROUNDS") {
+        count_rounds(&spec);
+        return;
+    }
+    let mut c = Criterion::default()
+        .with_measurement(ThreadCpuTime)
+        .configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}

@@ -345,6 +345,122 @@ impl Tables {
     }
 }
 
+/// Ring slot of cold frames in a level histogram (`Tables::ring_slot` is `None`).
+pub const COLD_SLOT: usize = RING;
+
+/// Hint bits of an entry (`HintEntry` bits 40-50: count, write, page type), which index the
+/// per-round lookups of `RoundHints`.
+pub const HINT_SHIFT: u32 = 40;
+const HINT_BITS: usize = 1 << 11;
+
+/// What ingesting one round needs per entry, looked up once per round: `Tables::hint` on a frame
+/// not hinted yet in the round, and the frame's level-histogram slots before and after, in
+/// straight-line code (a round is millions of entries). Indexed by an entry's hint bits.
+pub struct RoundHints<'t> {
+    tables: &'t Tables,
+    /// Copies of the tables' lookups, next to the others.
+    decay: [u16; 256],
+    logq: [u8; 256],
+    q: u32,
+    /// Bits of the old state the new one keeps: node, 2 MiB mark, and the page type unless the
+    /// entry has one.
+    keep: [u32; HINT_BITS],
+    /// Bits the new state gets: seen, this round's stamp, degree, write, page type, and (rate
+    /// levels) the score.
+    set: [u32; HINT_BITS],
+    /// Rounds seen: the degree, added to the decayed score.
+    add: [u8; HINT_BITS],
+    /// Rate levels: the ring slot of the new score.
+    slot: [u8; HINT_BITS],
+    /// The seen bit and this round's stamp: a frame whose state has them was hinted this round.
+    stamp_now: u32,
+    /// `q * round` modulo the ring, where this round's levels start.
+    level_base: u32,
+}
+
+impl Tables {
+    pub fn round_hints(&self, round: u64, meaning: CountMeaning) -> RoundHints<'_> {
+        let stamp_now = SEEN_BIT | ((round as u8 as u32) << STAMP_SHIFT);
+        let level_base = (self.q as u64 * round % RING as u64) as u32;
+        let mut rh = RoundHints {
+            tables: self,
+            decay: self.decay,
+            logq: self.logq,
+            q: self.q,
+            keep: [0; HINT_BITS],
+            set: [0; HINT_BITS],
+            add: [0; HINT_BITS],
+            slot: [0; HINT_BITS],
+            stamp_now,
+            level_base,
+        };
+        for h in 0..HINT_BITS {
+            let e = vtism_proto::HintEntry((h as u64) << HINT_SHIFT);
+            let deg = self.degree(meaning, e.count(), e.write());
+            let t = e.page_type() as u32;
+            rh.keep[h] =
+                (NODE_MASK << NODE_SHIFT) | HUGE_BIT | if t == 0 { 3 << TYPE_SHIFT } else { 0 };
+            rh.set[h] = stamp_now
+                | (deg << DEGREE_SHIFT)
+                | if e.write() { WRITE_BIT } else { 0 }
+                | (t << TYPE_SHIFT);
+            match meaning {
+                CountMeaning::RoundsSeen => rh.add[h] = deg as u8,
+                CountMeaning::RateLevel => {
+                    let score = self.steady[deg as usize];
+                    rh.set[h] |= score as u32;
+                    rh.slot[h] =
+                        ((self.logq[score as usize] as u32 + level_base) % RING as u32) as u8;
+                }
+            }
+        }
+        rh
+    }
+}
+
+impl<'t> RoundHints<'t> {
+    pub fn tables(&self) -> &'t Tables {
+        self.tables
+    }
+
+    /// An entry's hint on a frame (the entry's frame or one of its 2 MiB unit), as `Tables::hint`
+    /// does it, with the frame's ring slot before (`COLD_SLOT` when cold) and after. `None` for a
+    /// frame already hinted this round, whose duplicates merge in `Tables::hint`. `RATE`: the
+    /// round's counts are rate levels.
+    #[inline(always)]
+    pub fn fresh<const RATE: bool>(
+        &self,
+        s: FrameState,
+        entry: u64,
+    ) -> Option<(FrameState, usize, usize)> {
+        let s = s.0;
+        if s & (SEEN_BIT | (0xff << STAMP_SHIFT)) == self.stamp_now {
+            return None;
+        }
+        let h = (entry >> HINT_SHIFT) as usize % HINT_BITS;
+        // A frame never hinted (or forgotten) has no score: mask it by the seen bit.
+        let score = s & SCORE_MASK & ((s as i32 >> 31) as u32);
+        let stamp = (s >> STAMP_SHIFT) & 0xff;
+        let age = (self.stamp_now >> STAMP_SHIFT).wrapping_sub(stamp) & 0xff;
+        let lq = self.logq[score as usize] as u32;
+        let decayed = self.q * age;
+        // Live: seen, and not decayed below score 1 (`Tables::level` is not negative).
+        let live = lq + (s >> 31) > decayed;
+        let mask = (live as usize).wrapping_neg();
+        let slot = (lq.wrapping_sub(decayed).wrapping_add(self.level_base) % RING as u32) as usize;
+        let before = (slot & mask) | (COLD_SLOT & !mask);
+        let kept = (s & self.keep[h]) | self.set[h];
+        if RATE {
+            return Some((FrameState(kept), before, self.slot[h] as usize));
+        }
+        let eff = (score * self.decay[age as usize] as u32) >> 8;
+        let new_score = (eff + self.add[h] as u32).min(255);
+        let slot =
+            ((self.logq[new_score as usize] as u32 + self.level_base) % RING as u32) as usize;
+        Some((FrameState(kept | new_score), before, slot))
+    }
+}
+
 /// Reads a rate-level hint counts for at most: the 256 levels (16 octaves) map onto this many
 /// degrees, about 0.6 octave each, leaving room for the write weight under the 5-bit degree.
 pub const RATE_READS_MAX: u32 = 28;
@@ -467,6 +583,68 @@ mod tests {
         let hot = t.hot_set_level[CountMeaning::RateLevel as usize] as u16;
         assert!(t.level(at, 39).unwrap() >= hot);
         assert!(t.level(below, 39).unwrap() < hot);
+    }
+
+    #[test]
+    fn round_hints_do_what_hint_and_ring_slots_do() {
+        let mut rng = crate::synth::Rng::new(7);
+        let params = [
+            EngineParams::default(),
+            EngineParams {
+                read_weight: 0,
+                decay: 0.5,
+                ..Default::default()
+            },
+            EngineParams {
+                decay: 0.93,
+                write_weight: 9,
+                ..Default::default()
+            },
+        ];
+        for p in &params {
+            let t = Tables::new(p);
+            for meaning in [CountMeaning::RoundsSeen, CountMeaning::RateLevel] {
+                for round in [0u64, 1, 5, 200, 255, 256, 1000, 70_001] {
+                    let rh = t.round_hints(round, meaning);
+                    let r = round as u8;
+                    for _ in 0..20_000 {
+                        let mut s = FrameState(rng.next_u64() as u32);
+                        if !s.seen() {
+                            s.forget();
+                        }
+                        if rng.chance(0.2) {
+                            // Recently hinted frames: small ages, this round included.
+                            s.0 = (s.0 & !(0xff << STAMP_SHIFT))
+                                | ((r.wrapping_sub(rng.below(4) as u8) as u32) << STAMP_SHIFT);
+                        }
+                        let e = rng.next_u64() & ((1 << 53) - 1);
+                        let he = vtism_proto::HintEntry(e);
+                        let mut want = s;
+                        t.hint(
+                            &mut want,
+                            r,
+                            meaning,
+                            he.count(),
+                            he.write(),
+                            he.page_type(),
+                        );
+                        let got = if meaning == CountMeaning::RateLevel {
+                            rh.fresh::<true>(s, e)
+                        } else {
+                            rh.fresh::<false>(s, e)
+                        };
+                        if s.seen() && s.stamp() == r {
+                            assert_eq!(got, None, "{s:?} hinted this round");
+                            continue;
+                        }
+                        let (after, from, to) = got.expect("a frame not hinted this round");
+                        assert_eq!(after, want, "{s:?} {e:#x} round {round} {meaning:?}");
+                        assert_eq!(from, t.ring_slot(s, round).unwrap_or(COLD_SLOT), "{s:?}");
+                        assert_eq!(to, t.ring_slot_fresh(want, round), "{want:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

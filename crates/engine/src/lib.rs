@@ -7,23 +7,33 @@
 //! - [`hotness`]: the 4-byte per-frame state and the bucket key.
 //! - [`vtism`]: the vtism policy (ingest, classify in O(frames), plan).
 //! - [`pool`]: fast-memory quotas across VMs (island or pool mode).
+//! - [`round`]: one tiering round (pool, plan, rate allowances, placement facts), the same for
+//!   the daemon and the simulator.
+//! - [`allowance`]: a plan cut to per-VM rate allowances, quota-safe.
+//! - [`placement`]: placement facts and the one coalescer that makes runs of them.
 //! - [`plan`]: moves in a quota-safe execution order, with statistics.
 //! - [`synth`]: seeded synthetic workloads for tests, benchmarks and the demo.
 
+pub mod allowance;
 pub mod hotness;
 pub mod params;
+pub mod placement;
 pub mod plan;
 pub mod policy;
 pub mod pool;
+pub mod round;
 pub mod synth;
 pub mod topology;
 pub mod types;
 pub mod vtism;
 
+pub use allowance::{cut_to_allowances, trim_after_demote, Allowances, Cut};
 pub use params::{EngineParams, ParamError};
-pub use plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
+pub use placement::{coalesce, Coalescer, PlacementRun};
+pub use plan::{Direction, Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 pub use policy::{EngineError, FrameAccess, IngestStats, Observation, PlanContext, Policy, VmSpec};
 pub use pool::{FastPool, PoolError, PoolMode, PoolParams, QuotaChange, QuotaReason, VmLimits};
+pub use round::{demand_ready, RoundError, RoundOutcome, Tiering};
 pub use topology::{NodeSpec, Topology, TopologyError};
 pub use types::{Nanos, NodeId, Tier, VmId};
 pub use vtism::{VmSummary, VtismPolicy};

@@ -50,7 +50,7 @@ impl Default for EngineParams {
             hot_set_min_score: 16,
             hot_set_min_rate_hz: 1.0,
             hysteresis: 1.07,
-            reserve_fraction: 0.02,
+            reserve_fraction: 0.0,
             reserve_min_bytes: 2 << 20,
             round_budget_bytes: 256 << 20,
         }

@@ -16,6 +16,34 @@ pub enum MoveKind {
     Refill,
 }
 
+impl MoveKind {
+    /// Which way the move goes, for rate limits and queues.
+    pub fn direction(self) -> Direction {
+        match self {
+            MoveKind::Promote => Direction::Promote,
+            MoveKind::Demote | MoveKind::Refill => Direction::Demote,
+        }
+    }
+}
+
+/// Which way frames move: into fast memory or out of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Promote,
+    Demote,
+}
+
+impl Direction {
+    pub const ALL: [Direction; 2] = [Direction::Promote, Direction::Demote];
+    pub fn label(self) -> &'static str {
+        match self {
+            Direction::Promote => "promote",
+            Direction::Demote => "demote",
+        }
+    }
+}
+
 /// Execution phase. Phases run in order; moves inside a phase may run in parallel.
 /// Executing phase by phase never puts a VM above its fast quota at any moment:
 /// `Promote` only fills quota that is free now, `Demote` frees, `PromoteAfterDemote` fills what

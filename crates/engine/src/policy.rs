@@ -77,6 +77,8 @@ pub enum EngineError {
     OutOfMap { vm: VmId, gfn: Gfn, frames: u64 },
     #[error("{0} is not a node of the topology")]
     UnknownNode(NodeId),
+    #[error("{vm}: the fast-memory pool refused: {problem}")]
+    PoolRefused { vm: VmId, problem: String },
 }
 
 /// A placement policy. Drivers (the daemon, the simulator) feed it observations and placement

@@ -1,6 +1,10 @@
 //! The vtism policy: guest hints -> hotness -> hot set per quota -> a phased plan.
 
-use crate::hotness::{key_level, key_of, FrameState, Key, Tables, KEY_BUCKETS, NODE_UNKNOWN, RING};
+mod ingest;
+
+use crate::hotness::{
+    key_level, key_of, FrameState, Key, Tables, COLD_SLOT, KEY_BUCKETS, NODE_UNKNOWN, RING,
+};
 use crate::params::EngineParams;
 use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
@@ -12,10 +16,8 @@ use vtism_proto::{CountMeaning, Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HU
 /// stamps never wrap.
 const MAINTAIN_EVERY: u64 = 32;
 /// Histogram slot of cold frames (never hinted, forgotten, or decayed below score 1).
-const COLD: usize = RING;
+const COLD: usize = COLD_SLOT;
 const NODES: usize = 64;
-/// Hints are prefetched this many entries ahead: random (cold) hints miss every cache level.
-const PREFETCH_AHEAD: usize = 16;
 
 /// A RAM range with its dense index, for lookups that remember the last range used: hints come
 /// in long runs within one range, so most lookups are one comparison.
@@ -33,6 +35,8 @@ struct VmState {
     /// One bit per 512 dense frames: set where a 2 MiB unit's head is marked. Lets a 4 KiB hint
     /// check for an enclosing unit without touching another cache line of `frames`.
     huge_map: Vec<u64>,
+    /// Bits set in `huge_map`: while there are none, 4 KiB hints need not look.
+    huge_marks: u64,
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
@@ -57,59 +61,6 @@ struct VmState {
 }
 
 impl VmState {
-    /// Range index and dense index of a frame.
-    #[inline]
-    fn locate(&self, gfn: u64, last: &mut usize) -> Option<(usize, u64)> {
-        let sp = self.spans.get(*last)?;
-        if gfn >= sp.start && gfn < sp.end {
-            return Some((*last, sp.first + (gfn - sp.start)));
-        }
-        let k = self
-            .spans
-            .partition_point(|s| s.start <= gfn)
-            .checked_sub(1)?;
-        let sp = self.spans[k];
-        if gfn < sp.end {
-            *last = k;
-            Some((k, sp.first + (gfn - sp.start)))
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn prefetch(&self, gfn: u64, last: usize) {
-        let Some(sp) = self.spans.get(last) else {
-            return;
-        };
-        if gfn >= sp.start && gfn < sp.end {
-            let idx = (sp.first + (gfn - sp.start)) as usize;
-            if let Some(f) = self.frames.get(idx) {
-                prefetch_read(f as *const FrameState as *const u8);
-            }
-        }
-    }
-
-    #[inline]
-    fn huge_bit(&self, head_idx: usize) -> bool {
-        let b = head_idx / HUGE_FRAMES as usize;
-        self.huge_map
-            .get(b / 64)
-            .is_some_and(|w| w >> (b % 64) & 1 != 0)
-    }
-
-    fn set_huge(&mut self, head_idx: usize, on: bool) {
-        self.frames[head_idx].set_huge_head(on);
-        let b = head_idx / HUGE_FRAMES as usize;
-        if let Some(w) = self.huge_map.get_mut(b / 64) {
-            if on {
-                *w |= 1 << (b % 64)
-            } else {
-                *w &= !(1 << (b % 64))
-            }
-        }
-    }
-
     /// Histogram slot and class of a frame, `None` when its node is unknown (not counted).
     #[inline]
     fn hist_pos(&self, t: &Tables, s: FrameState) -> Option<(usize, usize)> {
@@ -138,42 +89,6 @@ impl VmState {
             );
             self.hist[k][c] = self.hist[k][c].saturating_sub(1);
         }
-    }
-
-    /// One hint on one frame, with the histogram kept in step (the node does not change, so the
-    /// class only changes with the page type).
-    #[inline(always)]
-    fn hint(&mut self, t: &Tables, idx: usize, e: HintEntry) {
-        let Some(slot) = self.frames.get_mut(idx) else {
-            return;
-        };
-        let before = *slot;
-        let mut after = before;
-        t.hint(
-            &mut after,
-            self.round as u8,
-            self.counts,
-            e.count(),
-            e.write(),
-            e.page_type(),
-        );
-        *slot = after;
-        let node = before.node_raw();
-        if node == NODE_UNKNOWN {
-            return;
-        }
-        let fast = self.is_fast[node as usize & (NODES - 1)] as usize * 2;
-        let file = |s: FrameState| (s.page_type() == PageType::File) as usize;
-        let k0 = t.ring_slot(before, self.round).unwrap_or(COLD);
-        // A hinted frame has age 0 and a score of at least 1: always live, level of its score.
-        let k1 = t.ring_slot_fresh(after, self.round);
-        let (c0, c1) = (fast + file(before), fast + file(after));
-        debug_assert!(
-            self.hist[k0][c0] > 0,
-            "histogram underflow at slot {k0} class {c0}"
-        );
-        self.hist[k0][c0] = self.hist[k0][c0].saturating_sub(1);
-        self.hist[k1][c1] += 1;
     }
 
     /// The round advanced from `round - 1`: levels of the previous round's lowest slots are now
@@ -273,6 +188,8 @@ pub struct VtismPolicy {
     slow_order: Vec<Vec<NodeId>>,
     hist_fast: Vec<u64>,
     hist_slow: Vec<u64>,
+    /// A large hint round's entries sorted by where their frames are.
+    ingest_scratch: Vec<u64>,
 }
 
 impl VtismPolicy {
@@ -298,6 +215,7 @@ impl VtismPolicy {
             is_fast,
             hist_fast: vec![0; KEY_BUCKETS],
             hist_slow: vec![0; KEY_BUCKETS],
+            ingest_scratch: Vec::new(),
         })
     }
 
@@ -460,82 +378,11 @@ impl VtismPolicy {
                     + std::mem::size_of::<VmState>()
             })
             .sum();
-        frames + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
-    }
-
-    fn ingest_entries(
-        tables: &Tables,
-        v: &mut VmState,
-        counts: CountMeaning,
-        entries: impl Iterator<Item = HintEntry> + Clone,
-    ) -> IngestStats {
-        let mut st = IngestStats::default();
-        v.round += 1;
-        v.counts = counts;
-        v.hot_rate_frames = 0;
-        if counts == CountMeaning::RateLevel {
-            v.rate_frames.fill(0);
-        }
-        v.expire(tables);
-        v.maintain_slice(tables);
-        let r = v.round as u8;
-        let mut last = 0usize;
-        let mut ahead = entries.clone().skip(PREFETCH_AHEAD);
-        for e in entries {
-            if let Some(f) = ahead.next() {
-                v.prefetch(f.gfn().0, last);
-            }
-            st.entries += 1;
-            if counts == CountMeaning::RateLevel {
-                v.rate_frames[e.count() as usize] += e.frames();
-                if e.count() >= tables.hot_rate_level {
-                    v.hot_rate_frames += e.frames();
-                }
-            }
-            let gfn = e.gfn().0;
-            let Some((k, idx)) = v.locate(gfn, &mut last) else {
-                st.ignored += 1;
-                continue;
-            };
-            let idx = idx as usize;
-            let span = v.spans[k];
-            let head = gfn & !(HUGE_FRAMES - 1);
-            // The 2 MiB unit holding this frame lies wholly in the frame's range.
-            let unit_in_range = head >= span.start && head + HUGE_FRAMES <= span.end;
-            if e.huge() {
-                if gfn != head || !unit_in_range {
-                    st.ignored += 1;
-                    continue;
-                }
-                // Every frame of the unit carries the unit's hotness (so counts stay per frame);
-                // the head's mark makes the planner move the unit as one.
-                v.set_huge(idx, true);
-                for i in idx..idx + HUGE_FRAMES as usize {
-                    v.hint(tables, i, e);
-                }
-                st.applied += 1;
-                continue;
-            }
-            let head_idx = idx - (gfn - head) as usize;
-            if unit_in_range && v.huge_bit(head_idx) {
-                let hs = v.frames[head_idx];
-                if hs.huge_head() {
-                    if hs.seen() && hs.stamp() == r {
-                        // The unit was hinted this round: the 4 KiB hint is part of it.
-                        v.hint(tables, idx, e);
-                        st.covered_by_huge += 1;
-                        st.applied += 1;
-                        continue;
-                    }
-                    // A 4 KiB hint inside a unit not hinted as huge this round: it was split.
-                    v.set_huge(head_idx, false);
-                }
-            }
-            v.hint(tables, idx, e);
-            st.applied += 1;
-        }
-        v.dirty = true;
-        st
+        frames
+            + (self.hist_fast.capacity()
+                + self.hist_slow.capacity()
+                + self.ingest_scratch.capacity())
+                * 8
     }
 
     /// Free frames per node for this plan: observed, or capacity minus what our VMs hold.
@@ -960,17 +807,6 @@ impl NodeFree {
     }
 }
 
-#[inline(always)]
-fn prefetch_read(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a hint; it never faults, whatever the address.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch(p as *const i8, core::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 fn counting_sort(units: &mut Vec<Unit>, descending: bool) {
     if units.len() < 2 {
         return;
@@ -1046,6 +882,7 @@ impl Policy for VtismPolicy {
         }
         let st = VmState {
             huge_map: vec![0; (frames as usize / HUGE_FRAMES as usize) / 64 + 1],
+            huge_marks: 0,
             spans,
             frames: vec![FrameState::NEW; frames as usize],
             spec,
@@ -1089,27 +926,30 @@ impl Policy for VtismPolicy {
     ) -> Result<IngestStats, EngineError> {
         let p = self.vm_pos(vm)?;
         let tables = &self.tables;
+        let scratch = &mut self.ingest_scratch;
         let v = &mut self.vms[p];
         v.last_observed = Some(now);
         Ok(match obs {
             Observation::Hints {
                 entries, counts, ..
-            } => Self::ingest_entries(tables, v, counts, entries.iter().copied()),
-            Observation::Accesses(acc) => Self::ingest_entries(
-                tables,
-                v,
-                CountMeaning::RoundsSeen,
-                acc.iter().filter(|a| a.reads + a.writes > 0).map(|a| {
-                    HintEntry::new(
-                        a.gfn,
-                        a.reads.saturating_add(a.writes),
-                        a.writes > 0,
-                        a.page_type,
-                        false,
-                        true,
-                    )
-                }),
-            ),
+            } => v.ingest(tables, counts, entries, scratch),
+            Observation::Accesses(acc) => {
+                let entries: Vec<HintEntry> = acc
+                    .iter()
+                    .filter(|a| a.reads + a.writes > 0)
+                    .map(|a| {
+                        HintEntry::new(
+                            a.gfn,
+                            a.reads.saturating_add(a.writes),
+                            a.writes > 0,
+                            a.page_type,
+                            false,
+                            true,
+                        )
+                    })
+                    .collect();
+                v.ingest(tables, CountMeaning::RoundsSeen, &entries, scratch)
+            }
         })
     }
 

@@ -35,7 +35,7 @@ use vtism_host::qmp::Qmp;
 use vtism_host::sys::{self, FileMapping};
 use vtism_proto::layout::off;
 use vtism_proto::{
-    read_feedback, ChannelVersion, ChannelWriter, Gfn, HintEntry, PageType, RoundMeta,
+    read_feedback, ChannelVersion, ChannelWriter, Gfn, HintEntry, Hva, PageType, RoundMeta,
     SharedRegion, Tracker, WriterConfig,
 };
 
@@ -73,9 +73,9 @@ fn placement(q: &mut Qmp) -> R<(i32, Vec<(u64, i32)>)> {
     for r in &info.memory.ranges {
         let gfns: Vec<u64> = (r.gfns.start.0..r.gfns.end.0).collect();
         for chunk in gfns.chunks(65536) {
-            let addrs: Vec<u64> = chunk
+            let addrs: Vec<Hva> = chunk
                 .iter()
-                .map(|&g| info.memory.hva(Gfn(g)).unwrap_or(0))
+                .map(|&g| info.memory.hva(Gfn(g)).unwrap_or_default())
                 .collect();
             let mut st = vec![0i32; addrs.len()];
             sys::move_pages(info.pid, &addrs, None, &mut st, 0)?;
@@ -507,8 +507,8 @@ fn hog(node: u32, keep_mib: u64) -> R<()> {
             // Touch every page so it is allocated now, then check where the kernel put it.
             let v = vec![0x5au8; CHUNK];
             let base = (v.as_ptr() as u64 + 4095) & !4095;
-            let addrs: Vec<u64> = (0..CHUNK as u64 / 4096 - 1)
-                .map(|i| base + i * 4096)
+            let addrs: Vec<Hva> = (0..CHUNK as u64 / 4096 - 1)
+                .map(|i| Hva(base + i * 4096))
                 .collect();
             let mut st = vec![0i32; addrs.len()];
             sys::move_pages(pid, &addrs, None, &mut st, 0)?;
@@ -555,7 +555,7 @@ fn bench(mib: u64, from: i32, to: i32, batches: &str) -> R<()> {
     let pages = len / 4096;
     let mut src = vec![1u8; len + 4096];
     let base = (src.as_mut_ptr() as usize + 4095) & !4095;
-    let addrs: Vec<u64> = (0..pages).map(|i| (base + i * 4096) as u64).collect();
+    let addrs: Vec<Hva> = (0..pages).map(|i| Hva((base + i * 4096) as u64)).collect();
     let pid = std::process::id() as i32;
     let mut st = vec![0i32; pages];
     let move_all = |node: i32, batch: usize, st: &mut [i32]| -> R<f64> {

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use vtism_engine::{EngineParams, Nanos, PoolMode, PoolParams, VmLimits};
+use vtism_engine::{EngineParams, Nanos, NodeId, PoolMode, PoolParams, VmLimits};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -671,6 +671,68 @@ impl Config {
     }
 }
 
+/// One VM's settings, resolved once from its `[[vm]]` entry (by name, else by socket) and the
+/// defaults: when it is attached, when its RAM changes, and at every reload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VmSettings {
+    /// Its `[[vm]]` entry's name, if it has an entry.
+    pub entry_name: Option<String>,
+    /// The entry says to leave the VM alone.
+    pub ignore: bool,
+    /// Channel file from the entry (trusted as written); `None`: QEMU's ivshmem backend.
+    pub channel: Option<PathBuf>,
+    /// Home node from the entry; `None`: from the vCPU threads.
+    pub home_node: Option<NodeId>,
+    /// Initial share, minimum, maximum, shares, in bytes.
+    pub limits: QuotaLimits,
+    /// What the pool enforces: the share exactly in island mode, the limits in pool mode.
+    pub pool_limits: VmLimits,
+    /// The VM's own move rate limits, MB/s (0 = none).
+    pub promote_mbps: u64,
+    pub demote_mbps: u64,
+}
+
+impl Config {
+    /// The settings of a VM named `name` found on `socket`, with `ram_bytes` of RAM.
+    pub fn vm_settings(&self, name: &str, socket: &Path, ram_bytes: u64) -> VmSettings {
+        let entry = self.vm_entry(name, socket);
+        let limits = self.limits_for(entry, ram_bytes);
+        VmSettings {
+            entry_name: entry.map(|e| e.name.clone()).filter(|n| !n.is_empty()),
+            ignore: entry.is_some_and(|e| e.ignore),
+            channel: entry.and_then(|e| e.channel.clone()),
+            home_node: entry.and_then(|e| e.home_node).map(NodeId),
+            pool_limits: self.engine_limits(&limits),
+            limits,
+            promote_mbps: entry
+                .and_then(|e| e.promote_mbps)
+                .unwrap_or(self.mover.vm_promote_mbps),
+            demote_mbps: entry
+                .and_then(|e| e.demote_mbps)
+                .unwrap_or(self.mover.vm_demote_mbps),
+        }
+    }
+
+    /// Whether a VM found by discovery is managed: not ignored, and listed unless
+    /// `defaults.manage_discovered`.
+    pub fn manages(&self, name: &str, socket: &Path) -> Result<(), NotManaged> {
+        match self.vm_entry(name, socket) {
+            Some(e) if e.ignore => Err(NotManaged::Ignored),
+            None if !self.defaults.manage_discovered => Err(NotManaged::NotListed),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Why a VM found by discovery is left alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotManaged {
+    /// Its `[[vm]]` entry says `ignore = true`.
+    Ignored,
+    /// No `[[vm]]` entry, and `defaults.manage_discovered = false`.
+    NotListed,
+}
+
 /// Island mode's pool: large enough that fixed quotas always fit (their sum is not checked,
 /// as before pools existed), small enough that sums of quotas cannot overflow.
 pub const ISLAND_POOL_BYTES: u64 = u64::MAX >> 8;
@@ -772,8 +834,21 @@ mod tests {
     #[test]
     fn example_config_in_packaging_parses() {
         let text = include_str!("../../../packaging/vtismd.toml");
+        // As shipped (the package's /etc/vtism/vtismd.toml): the defaults, no example entries.
         let c = Config::parse(text).unwrap();
-        assert!(!c.vms.is_empty());
+        assert!(c.vms.is_empty() && c.topology.node.is_empty());
+        // Its commented-out examples (`#key`, no space) are valid too.
+        let examples: String = text
+            .lines()
+            .map(|l| match l.strip_prefix('#') {
+                Some(rest) if !rest.starts_with([' ', '#']) && !rest.is_empty() => rest,
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&examples).unwrap();
+        assert_eq!(c.vms.len(), 1);
+        assert_eq!(c.topology.node.len(), 1);
     }
 
     #[test]

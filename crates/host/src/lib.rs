@@ -1,15 +1,26 @@
-//! vtismd, the vtism host daemon: discovers VMs over QMP, reads their guests' hint channels,
-//! runs the engine every round and moves pages between NUMA nodes.
+//! vtismd, the vtism host daemon. The host gathers facts and carries out moves; the decisions
+//! are the engine's tiering round (`vtism_engine::Tiering`), the same one the simulator runs.
 //!
-//! Pure logic (config, topology parsing, memory-map parsing, batching, rate limiting, status
-//! handling) is kept apart from the system calls (`sys`) so it is tested without privileges.
+//! Each part owns its state: `discovery` (finding QMP sockets), `registry` (the managed VMs as
+//! QEMU shows them), `channels` (where hints enter), `reconcile` (where pages really are),
+//! `mover` and `batch` (where pages move), `rate` (move rate limits), `config` (each VM's
+//! settings resolved once), `metrics` (status and Prometheus from typed structs), `serve` (the
+//! metrics endpoint and control socket), and `daemon`, the loop that wires them. System calls
+//! live in `sys`; QEMU's monitor in `qmp`, `vm` and `mtree`; sysfs in `topology`.
 
+pub mod batch;
+pub mod channels;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod discovery;
+pub mod metrics;
 pub mod mover;
 pub mod mtree;
 pub mod qmp;
+pub mod rate;
+pub mod reconcile;
+pub mod registry;
 pub mod serve;
 pub mod sys;
 pub mod topology;

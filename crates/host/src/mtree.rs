@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use std::collections::BTreeSet;
-use vtism_proto::{Gfn, GfnRange, RamMap, FRAME_SIZE};
+use vtism_proto::{Gfn, GfnRange, Gpa, Hva, RamMap, FRAME_SIZE};
 
 /// One line of a flat view: `[start, end]` inclusive, as QEMU prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -90,7 +90,7 @@ fn parse_range_line(t: &str) -> Option<FlatRange> {
 /// The answer to `gpa2hva <addr>`: `Host virtual address for 0x0 (m0) is 0x7fa6b3e00000`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Gpa2Hva {
-    Mapped { gpa: u64, region: String, hva: u64 },
+    Mapped { gpa: Gpa, region: String, hva: Hva },
     NotMapped,
 }
 
@@ -104,9 +104,9 @@ pub fn parse_gpa2hva(text: &str) -> Option<Gpa2Hva> {
     let (region, rest) = rest.rsplit_once(") is ")?;
     let hex = |s: &str| u64::from_str_radix(s.trim().strip_prefix("0x")?, 16).ok();
     Some(Gpa2Hva::Mapped {
-        gpa: hex(gpa)?,
+        gpa: Gpa(hex(gpa)?),
         region: region.to_string(),
-        hva: hex(rest)?,
+        hva: Hva(hex(rest)?),
     })
 }
 
@@ -132,7 +132,7 @@ pub fn ram_ranges(flat: &[FlatRange], ram_names: &BTreeSet<String>) -> Vec<FlatR
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MappedRange {
     pub gfns: GfnRange,
-    pub hva: u64,
+    pub hva: Hva,
     pub name: String,
 }
 
@@ -155,12 +155,12 @@ impl GuestMemory {
     }
 
     /// Host-virtual address of a guest frame.
-    pub fn hva(&self, gfn: Gfn) -> Option<u64> {
+    pub fn hva(&self, gfn: Gfn) -> Option<Hva> {
         let k = self.ranges.partition_point(|r| r.gfns.start <= gfn);
         let r = self.ranges.get(k.checked_sub(1)?)?;
         r.gfns
             .contains(gfn)
-            .then(|| r.hva + (gfn.0 - r.gfns.start.0) * FRAME_SIZE)
+            .then(|| r.hva.offset((gfn.0 - r.gfns.start.0) * FRAME_SIZE))
     }
 
     /// Same backing memory at the same addresses: a refresh that changed nothing.
@@ -196,9 +196,9 @@ mod tests {
         assert_eq!(
             parse_gpa2hva("Host virtual address for 0x10000000 (m1) is 0x7fa6a3c00000\r\n"),
             Some(Gpa2Hva::Mapped {
-                gpa: 0x10000000,
+                gpa: Gpa(0x10000000),
                 region: "m1".into(),
-                hva: 0x7fa6a3c00000
+                hva: Hva(0x7fa6a3c00000)
             })
         );
         assert_eq!(
@@ -237,18 +237,18 @@ mod tests {
         let m = GuestMemory::new(vec![
             MappedRange {
                 gfns: GfnRange::new(Gfn(0x100), Gfn(0x200)),
-                hva: 0x7000_0010_0000,
+                hva: Hva(0x7000_0010_0000),
                 name: "m0".into(),
             },
             MappedRange {
                 gfns: GfnRange::new(Gfn(0), Gfn(0xa0)),
-                hva: 0x7000_0000_0000,
+                hva: Hva(0x7000_0000_0000),
                 name: "m0".into(),
             },
         ])
         .unwrap();
-        assert_eq!(m.hva(Gfn(1)), Some(0x7000_0000_1000));
-        assert_eq!(m.hva(Gfn(0x100)), Some(0x7000_0010_0000));
+        assert_eq!(m.hva(Gfn(1)), Some(Hva(0x7000_0000_1000)));
+        assert_eq!(m.hva(Gfn(0x100)), Some(Hva(0x7000_0010_0000)));
         assert_eq!(m.hva(Gfn(0xa0)), None);
         assert_eq!(m.hva(Gfn(0x200)), None);
         assert_eq!(m.bytes(), (0x100 + 0xa0) * 4096);

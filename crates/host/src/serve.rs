@@ -1,24 +1,19 @@
-//! The daemon's two small servers: Prometheus text over HTTP (hand-written on std::net: one
-//! endpoint, no dependency) and the control socket (a Unix socket, one request line, one JSON
-//! answer).
+//! The daemon's two small servers: `GET /metrics` over HTTP (one endpoint on std::net; the text
+//! comes from `metrics::Published`) and the control socket (a Unix socket, one request line, one
+//! JSON answer).
 
+use crate::metrics::{Published, CONTENT_TYPE};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What the main loop publishes for the servers to hand out.
-#[derive(Default)]
-pub struct Snapshot {
-    pub metrics: String,
-    pub status: serde_json::Value,
-}
-
-pub type Shared = Arc<Mutex<Snapshot>>;
+pub type Shared = Arc<Published>;
 
 /// Requests the control socket forwards to the main loop.
 #[derive(Debug)]
@@ -63,11 +58,7 @@ pub fn spawn_metrics(
                         let (code, ctype, body) = if req.starts_with("GET ")
                             && (path == "/metrics" || path.starts_with("/metrics?"))
                         {
-                            let body = shared
-                                .lock()
-                                .map(|s| s.metrics.clone())
-                                .unwrap_or_default();
-                            ("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
+                            ("200 OK", CONTENT_TYPE, shared.metrics_text())
                         } else {
                             ("404 Not Found", "text/plain", "try /metrics\n".to_string())
                         };
@@ -137,10 +128,8 @@ fn handle_ctl(s: UnixStream, shared: &Shared, requests: &mpsc::Sender<CtlRequest
         .and_then(|v| v["cmd"].as_str().map(str::to_string))
         .unwrap_or_else(|| line.trim().to_string());
     let answer = match cmd.as_str() {
-        "status" => shared.lock().map(|s| s.status.clone()).unwrap_or_default(),
-        "metrics" => serde_json::json!({
-            "metrics": shared.lock().map(|s| s.metrics.clone()).unwrap_or_default()
-        }),
+        "status" => shared.status_json(),
+        "metrics" => serde_json::json!({ "metrics": shared.metrics_text() }),
         "ping" => serde_json::json!({ "ok": true }),
         "reload" => {
             let (tx, rx) = mpsc::channel();
@@ -176,132 +165,22 @@ pub fn ctl_request(path: &Path, cmd: &str) -> anyhow::Result<serde_json::Value> 
     Ok(v)
 }
 
-/// Prometheus text exposition builder.
-#[derive(Default)]
-pub struct Exposition {
-    out: String,
-    declared: std::collections::BTreeSet<String>,
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-impl Exposition {
-    /// Declares a metric family once (HELP, TYPE).
-    pub fn family(&mut self, name: &str, kind: &str, help: &str) {
-        if self.declared.insert(name.to_string()) {
-            self.out
-                .push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        }
-    }
-    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                self.out.push_str(&format!("{k}=\"{}\"", escape(v)));
-            }
-            self.out.push('}');
-        }
-        if value.is_finite() && value == value.trunc() && value.abs() < 1e15 {
-            self.out.push_str(&format!(" {}\n", value as i64));
-        } else {
-            self.out.push_str(&format!(" {value}\n"));
-        }
-    }
-    pub fn finish(self) -> String {
-        self.out
-    }
-}
-
-/// A fixed-bucket histogram (seconds).
-#[derive(Clone, Debug)]
-pub struct Histogram {
-    bounds: Vec<f64>,
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    pub fn new(bounds: &[f64]) -> Histogram {
-        Histogram {
-            bounds: bounds.to_vec(),
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-    pub fn observe(&mut self, v: f64) {
-        for (b, c) in self.bounds.iter().zip(self.counts.iter_mut()) {
-            if v <= *b {
-                *c += 1;
-            }
-        }
-        self.sum += v;
-        self.count += 1;
-    }
-    pub fn expose(&self, e: &mut Exposition, name: &str, help: &str) {
-        e.family(name, "histogram", help);
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            e.sample(
-                &format!("{name}_bucket"),
-                &[("le", &b.to_string())],
-                *c as f64,
-            );
-        }
-        e.sample(
-            &format!("{name}_bucket"),
-            &[("le", "+Inf")],
-            self.count as f64,
-        );
-        e.sample(&format!("{name}_sum"), &[], self.sum);
-        e.sample(&format!("{name}_count"), &[], self.count as f64);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exposition_format() {
-        let mut e = Exposition::default();
-        e.family("vtism_x", "gauge", "An x.");
-        e.sample("vtism_x", &[("vm", "a\"b")], 3.0);
-        e.family("vtism_x", "gauge", "An x.");
-        e.sample("vtism_x", &[], 0.25);
-        let mut h = Histogram::new(&[0.001, 0.1]);
-        h.observe(0.01);
-        h.expose(&mut e, "vtism_lat_seconds", "Latency.");
-        let t = e.finish();
-        assert_eq!(t.matches("# TYPE vtism_x gauge").count(), 1);
-        assert!(t.contains("vtism_x{vm=\"a\\\"b\"} 3\n"));
-        assert!(t.contains("vtism_x 0.25\n"));
-        assert!(t.contains("vtism_lat_seconds_bucket{le=\"0.001\"} 0\n"));
-        assert!(t.contains("vtism_lat_seconds_bucket{le=\"0.1\"} 1\n"));
-        assert!(t.contains("vtism_lat_seconds_bucket{le=\"+Inf\"} 1\n"));
-    }
+    use crate::metrics::{MoverHistograms, Status};
 
     #[test]
     fn control_and_metrics_roundtrip() {
         let dir = std::env::temp_dir().join(format!("vtism-serve-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let sock = dir.join("ctl.sock");
-        let shared: Shared = Arc::new(Mutex::new(Snapshot {
-            metrics: "vtism_up 1\n".into(),
-            status: serde_json::json!({"vms": []}),
-        }));
+        let shared: Shared = Arc::new(Published::new(&MoverHistograms::default()));
+        shared.publish(Status::default());
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let h = spawn_control(&sock, shared.clone(), tx, stop.clone()).unwrap();
-        let (hm, addr) = spawn_metrics("127.0.0.1:0", shared, stop.clone()).unwrap();
+        let (hm, addr) = spawn_metrics("127.0.0.1:0", shared.clone(), stop.clone()).unwrap();
         assert_eq!(
             ctl_request(&sock, "status").unwrap()["vms"],
             serde_json::json!([])
@@ -325,7 +204,8 @@ mod tests {
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
-        assert!(body.ends_with("vtism_up 1\n"));
+        assert!(body.contains("\r\n\r\n# HELP "), "{body}");
+        assert!(body.ends_with(&shared.metrics_text()), "{body}");
         stop.store(true, Ordering::SeqCst);
         h.join().unwrap();
         hm.join().unwrap();

@@ -9,6 +9,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
+use vtism_proto::Hva;
 
 /// `MPOL_MF_MOVE`: move pages mapped only by this process.
 pub const MPOL_MF_MOVE: i32 = 1 << 1;
@@ -54,7 +55,7 @@ pub fn peer_cred(sock: &UnixStream) -> io::Result<(i32, u32)> {
 /// `Ok(n)` with n the number of pages not moved (>= 0), or the errno of a whole-call failure.
 pub fn move_pages(
     pid: i32,
-    pages: &[u64],
+    pages: &[Hva],
     nodes: Option<&[i32]>,
     status: &mut [i32],
     flags: i32,
@@ -65,7 +66,8 @@ pub fn move_pages(
     if pages.is_empty() {
         return Ok(0);
     }
-    // SAFETY: the arrays hold `pages.len()` elements each (checked above); the kernel only reads
+    // SAFETY: the arrays hold `pages.len()` elements each (checked above), and `Hva` is a
+    // transparent `u64`, the address array the kernel expects; the kernel only reads
     // `pages`/`nodes` and writes `status`. The addresses are in the other process and are never
     // dereferenced here.
     let r = unsafe {
@@ -99,11 +101,11 @@ pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
 
 /// process_madvise(2) with MADV_COLD over `ranges` (address, length) of the process behind
 /// `pidfd`. Returns bytes advised.
-pub fn madvise_cold(pidfd: &OwnedFd, ranges: &[(u64, u64)]) -> io::Result<usize> {
+pub fn madvise_cold(pidfd: &OwnedFd, ranges: &[(Hva, u64)]) -> io::Result<usize> {
     let iov: Vec<libc::iovec> = ranges
         .iter()
         .map(|&(a, l)| libc::iovec {
-            iov_base: a as usize as *mut libc::c_void,
+            iov_base: a.0 as usize as *mut libc::c_void,
             iov_len: l as usize,
         })
         .collect();

@@ -50,16 +50,16 @@ pub fn parse_list(s: &str) -> Option<Vec<u32>> {
 /// One node as the daemon sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct HostNode {
-    pub id: u8,
+    pub id: NodeId,
     pub cpus: Vec<u32>,
     pub mem_total_bytes: u64,
     /// Tier rank used by the engine (0 = fast).
-    pub tier: u8,
+    pub tier: Tier,
     /// The kernel's memory tier id (memory_tierN), if it has one.
     pub kernel_tier: Option<u32>,
     pub socket: u32,
     /// Where this node's mover worker runs: the node itself or the nearest node with CPUs.
-    pub worker_node: u8,
+    pub worker_node: NodeId,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -141,13 +141,13 @@ impl HostTopology {
             raw.push((pos, n, mem, cpus, dist));
         }
         // Distances are listed over online nodes in order; keep the rows of nodes we use.
-        let overrides: BTreeMap<u8, &crate::config::NodeOverride> =
-            cfg.node.iter().map(|o| (o.id, o)).collect();
+        let overrides: BTreeMap<NodeId, &crate::config::NodeOverride> =
+            cfg.node.iter().map(|o| (NodeId(o.id), o)).collect();
         let used: Vec<usize> = raw
             .iter()
             .enumerate()
             .filter(|(_, r)| r.2 > 0 && r.1 <= NodeId::MAX as u32)
-            .filter(|(_, r)| !overrides.get(&(r.1 as u8)).is_some_and(|o| o.ignore))
+            .filter(|(_, r)| !overrides.get(&NodeId(r.1 as u8)).is_some_and(|o| o.ignore))
             .map(|(i, _)| i)
             .collect();
         if used.is_empty() {
@@ -196,18 +196,18 @@ impl HostTopology {
                 let kt = kernel_tier.get(id).copied();
                 let tier = match kt {
                     Some(t) if !ktiers.is_empty() => {
-                        ktiers.iter().position(|&x| x == t).unwrap_or(0) as u8
+                        Tier(ktiers.iter().position(|&x| x == t).unwrap_or(0) as u8)
                     }
-                    _ => u8::from(cpus.is_empty()),
+                    _ => Tier(u8::from(cpus.is_empty())),
                 };
                 HostNode {
-                    id: *id as u8,
+                    id: NodeId(*id as u8),
                     socket: cpus.first().and_then(|&c| socket_of_cpu(c)).unwrap_or(0),
                     cpus: cpus.clone(),
                     mem_total_bytes: *mem,
                     tier,
                     kernel_tier: kt,
-                    worker_node: *id as u8,
+                    worker_node: NodeId(*id as u8),
                 }
             })
             .collect();
@@ -227,7 +227,7 @@ impl HostTopology {
         for n in nodes.iter_mut() {
             if let Some(o) = overrides.get(&n.id) {
                 if let Some(t) = o.tier {
-                    n.tier = t;
+                    n.tier = Tier(t);
                 }
                 if let Some(s) = o.socket {
                     n.socket = s;
@@ -237,8 +237,8 @@ impl HostTopology {
         let specs = nodes
             .iter()
             .map(|n| NodeSpec {
-                id: NodeId(n.id),
-                tier: Tier(n.tier),
+                id: n.id,
+                tier: n.tier,
                 capacity_bytes: n.mem_total_bytes,
                 cpus: n.cpus.clone(),
                 socket: n.socket,
@@ -254,12 +254,12 @@ impl HostTopology {
         })
     }
 
-    pub fn node(&self, id: u8) -> Option<&HostNode> {
+    pub fn node(&self, id: NodeId) -> Option<&HostNode> {
         self.nodes.iter().find(|n| n.id == id)
     }
 
     /// The node a CPU belongs to.
-    pub fn node_of_cpu(&self, cpu: u32) -> Option<u8> {
+    pub fn node_of_cpu(&self, cpu: u32) -> Option<NodeId> {
         self.nodes
             .iter()
             .find(|n| n.cpus.contains(&cpu))
@@ -273,9 +273,9 @@ impl HostTopology {
             .filter_map(|n| {
                 let p = self
                     .root
-                    .join(format!("devices/system/node/node{}/meminfo", n.id));
+                    .join(format!("devices/system/node/node{}/meminfo", n.id.0));
                 let free = meminfo_field(&std::fs::read_to_string(p).ok()?, "MemFree")?;
-                Some((NodeId(n.id), free.saturating_sub(self.min_free_bytes)))
+                Some((n.id, free.saturating_sub(self.min_free_bytes)))
             })
             .collect()
     }
@@ -284,16 +284,16 @@ impl HostTopology {
     pub fn fast_capacity_bytes(&self) -> u64 {
         self.nodes
             .iter()
-            .filter(|n| n.tier == 0)
+            .filter(|n| n.tier.is_fast())
             .map(|n| n.mem_total_bytes)
             .sum()
     }
 
     /// Ids of fast-tier nodes.
-    pub fn fast_nodes(&self) -> Vec<u8> {
+    pub fn fast_nodes(&self) -> Vec<NodeId> {
         self.nodes
             .iter()
-            .filter(|n| n.tier == 0)
+            .filter(|n| n.tier.is_fast())
             .map(|n| n.id)
             .collect()
     }

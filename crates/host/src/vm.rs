@@ -8,6 +8,7 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
+use vtism_engine::NodeId;
 use vtism_proto::{Gfn, GfnRange, FRAME_SHIFT};
 
 #[derive(Debug, Error)]
@@ -151,10 +152,10 @@ pub fn guest_memory(q: &mut Qmp, exclude: &BTreeSet<String>) -> Result<GuestMemo
     for r in &ram {
         let answer = q.hmp(&format!("gpa2hva {:#x}", r.start))?;
         match mtree::parse_gpa2hva(&answer) {
-            Some(Gpa2Hva::Mapped { gpa, region, hva }) if gpa == r.start => {
+            Some(Gpa2Hva::Mapped { gpa, region, hva }) if gpa.0 == r.start => {
                 if region != r.name {
                     return Err(InspectError::RegionMismatch {
-                        gpa,
+                        gpa: gpa.0,
                         got: region,
                         want: r.name.clone(),
                     });
@@ -242,9 +243,13 @@ pub fn last_cpu_from_stat(stat: &str) -> Option<u32> {
 
 /// The VM's home node: the one node all vCPUs are confined to, else the node most vCPUs last
 /// ran on.
-pub fn home_node(pid: i32, vcpus: &[i32], node_of_cpu: impl Fn(u32) -> Option<u8>) -> Option<u8> {
-    let mut confined: Option<BTreeSet<u8>> = Some(BTreeSet::new());
-    let mut votes = std::collections::BTreeMap::<u8, u32>::new();
+pub fn home_node(
+    pid: i32,
+    vcpus: &[i32],
+    node_of_cpu: impl Fn(u32) -> Option<NodeId>,
+) -> Option<NodeId> {
+    let mut confined: Option<BTreeSet<NodeId>> = Some(BTreeSet::new());
+    let mut votes = std::collections::BTreeMap::<NodeId, u32>::new();
     for &t in vcpus {
         let (allowed, last) = thread_cpus(pid, t);
         match (allowed, confined.as_mut()) {

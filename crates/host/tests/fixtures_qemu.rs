@@ -118,7 +118,7 @@ fn numa_memdevs_with_dimm_after_firmware() {
         .collect();
     let base = m0[0].hva;
     for r in &m0 {
-        assert_eq!(r.hva - base, r.gfns.start.0 * 4096, "{r:?}");
+        assert_eq!(r.hva.0 - base.0, r.gfns.start.0 * 4096, "{r:?}");
     }
     assert_eq!(
         info.memory.hva(Gfn(0x10001)).unwrap(),
@@ -128,7 +128,7 @@ fn numa_memdevs_with_dimm_after_firmware() {
             .find(|r| r.name == "m1")
             .unwrap()
             .hva
-            + 4096
+            .offset(4096)
     );
     assert!(
         !info.memory.ram.contains(Gfn(0xc3)),
@@ -178,7 +178,7 @@ fn ram_above_4g_without_ivshmem() {
         .iter()
         .find(|r| r.gfns.start.0 == 0x100)
         .unwrap();
-    assert_eq!(hi.hva - lo.hva, (lo.gfns.end.0 - 0x100) * 4096);
+    assert_eq!(hi.hva.0 - lo.hva.0, (lo.gfns.end.0 - 0x100) * 4096);
     assert_eq!(info.memory.bytes(), (3u64 << 30) - (384 << 10));
 }
 

@@ -3,7 +3,7 @@
 //! e2e test (two DRAM nodes on two sockets, one CPU-less node that HMAT puts in a slower tier).
 
 use std::path::{Path, PathBuf};
-use vtism_engine::NodeId;
+use vtism_engine::{NodeId, Tier};
 use vtism_host::config::{Config, NodeOverride, TopologyConfig};
 use vtism_host::topology::HostTopology;
 
@@ -17,21 +17,21 @@ fn root(name: &str) -> PathBuf {
 #[test]
 fn emulated_host_three_nodes_with_hmat() {
     let t = HostTopology::read(&root("emuhost-3node"), &TopologyConfig::default()).unwrap();
-    let ids: Vec<u8> = t.nodes.iter().map(|n| n.id).collect();
+    let ids: Vec<u8> = t.nodes.iter().map(|n| n.id.0).collect();
     assert_eq!(ids, vec![0, 1, 2]);
-    let n2 = t.node(2).unwrap();
+    let n2 = t.node(NodeId(2)).unwrap();
     assert!(n2.cpus.is_empty());
     assert_eq!(n2.kernel_tier, Some(180));
-    assert_eq!(n2.tier, 1, "HMAT made node 2 slower than DRAM");
-    assert_eq!(t.node(0).unwrap().tier, 0);
-    assert_eq!(t.node(1).unwrap().tier, 0);
+    assert_eq!(n2.tier, Tier(1), "HMAT made node 2 slower than DRAM");
+    assert_eq!(t.node(NodeId(0)).unwrap().tier, Tier(0));
+    assert_eq!(t.node(NodeId(1)).unwrap().tier, Tier(0));
     // Multi-socket: one socket per DRAM node; the CXL node hangs off the nearest socket.
-    assert_eq!(t.node(0).unwrap().socket, 0);
-    assert_eq!(t.node(1).unwrap().socket, 1);
-    assert_eq!((n2.worker_node, n2.socket), (0, 0));
+    assert_eq!(t.node(NodeId(0)).unwrap().socket, 0);
+    assert_eq!(t.node(NodeId(1)).unwrap().socket, 1);
+    assert_eq!((n2.worker_node, n2.socket), (NodeId(0), 0));
     assert_eq!(t.distance[2], vec![24, 32, 10]);
-    assert_eq!(t.node_of_cpu(1), Some(1));
-    assert_eq!(t.fast_nodes(), vec![0, 1]);
+    assert_eq!(t.node_of_cpu(1), Some(NodeId(1)));
+    assert_eq!(t.fast_nodes(), vec![NodeId(0), NodeId(1)]);
     // The engine's view: promotions from a VM homed on node 1 prefer node 1.
     assert_eq!(
         t.engine.fast_nodes_near(Some(NodeId(1))),
@@ -60,9 +60,12 @@ fn overrides_beat_sysfs() {
         min_free_mib: 0,
     };
     let t = HostTopology::read(&root("emuhost-3node"), &cfg).unwrap();
-    assert_eq!(t.nodes.iter().map(|n| n.id).collect::<Vec<_>>(), vec![0, 2]);
-    let n2 = t.node(2).unwrap();
-    assert_eq!((n2.tier, n2.socket), (0, 1));
+    assert_eq!(
+        t.nodes.iter().map(|n| n.id.0).collect::<Vec<_>>(),
+        vec![0, 2]
+    );
+    let n2 = t.node(NodeId(2)).unwrap();
+    assert_eq!((n2.tier, n2.socket), (Tier(0), 1));
     assert_eq!(t.distance, vec![vec![10, 24], vec![24, 10]]);
 }
 
@@ -74,8 +77,8 @@ fn cpu_less_node_without_tiers_is_slow_by_default() {
     copy_dir(&root("emuhost-3node"), &tmp);
     std::fs::remove_dir_all(tmp.join("devices/virtual/memory_tiering")).unwrap();
     let t = HostTopology::read(&tmp, &TopologyConfig::default()).unwrap();
-    assert_eq!(t.node(2).unwrap().tier, 1);
-    assert_eq!(t.node(2).unwrap().kernel_tier, None);
+    assert_eq!(t.node(NodeId(2)).unwrap().tier, Tier(1));
+    assert_eq!(t.node(NodeId(2)).unwrap().kernel_tier, None);
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
@@ -83,7 +86,7 @@ fn cpu_less_node_without_tiers_is_slow_by_default() {
 fn single_node_box() {
     let t = HostTopology::read(&root("devbox-1node"), &TopologyConfig::default()).unwrap();
     assert_eq!(t.nodes.len(), 1);
-    assert_eq!(t.nodes[0].tier, 0);
+    assert_eq!(t.nodes[0].tier, Tier(0));
     assert!(!t.nodes[0].cpus.is_empty());
     // Free memory comes from the captured meminfo.
     let free = t.free_bytes();
@@ -99,7 +102,7 @@ fn check_config_reads_the_fixture_root() {
     );
     let c = Config::parse(&text).unwrap();
     let t = HostTopology::read(&c.daemon.sysfs_root, &c.topology).unwrap();
-    assert_eq!(t.node(2).unwrap().tier, 1);
+    assert_eq!(t.node(NodeId(2)).unwrap().tier, Tier(1));
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -319,6 +319,14 @@ fn pool_moves_quota_to_the_vm_with_the_larger_hot_set() {
     assert_eq!(big["quota_bytes"], 2 * MIB, "{big}");
     assert_eq!(big["last_quota_change"]["reason"], "clamp", "{big}");
     assert_eq!(rb.load_u64(off::FAST_QUOTA_BYTES).unwrap(), 2 * MIB);
+    // The room big gave back goes to small, at the pool's pace (a round may or may not be due):
+    // nothing is left idle. Settled first, so the refused reload below is all that could change.
+    let settled = |d: &Daemon| quota(d, "big") == 2 * MIB && quota(d, "small") == 2 * MIB;
+    assert!(
+        run_until(&mut d, &mut || {}, &lim, 4 * MIB, &mut { settled }),
+        "small did not take the room big gave back: {}",
+        d.status()
+    );
 
     // A reload whose minimums do not fit (small: 100% of a 75%-of-RAM share = 3 MiB, beside
     // big's 1.5 MiB, in a 4 MiB pool) is refused and changes nothing.

@@ -25,11 +25,13 @@ pub struct Gfn(pub u64);
 #[serde(transparent)]
 pub struct Gpa(pub u64);
 
-/// Host-virtual address in the VMM (QEMU) process.
+/// Host-virtual address in the VMM (QEMU) process. Laid out as a `u64`, so a slice of them is
+/// the address array move_pages(2) takes.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(transparent)]
+#[repr(transparent)]
 pub struct Hva(pub u64);
 
 impl Gfn {
@@ -48,6 +50,13 @@ impl Gfn {
             Some(v) => Some(Gfn(v)),
             None => None,
         }
+    }
+}
+
+impl Hva {
+    /// The address `bytes` further on.
+    pub const fn offset(self, bytes: u64) -> Hva {
+        Hva(self.0 + bytes)
     }
 }
 

@@ -596,7 +596,9 @@ impl ChannelReader {
         // the artefact.
         let h =
             validate_header(&words, mapped as u64).map_err(|e| Self::unless_torn(region, s1, e))?;
-        if h.round == self.last_round {
+        // Round 0 means nothing published (the spec numbers rounds from 1), also after rounds
+        // were taken: a guest that writes it gets nothing through.
+        if h.round == 0 || h.round == self.last_round {
             return Ok(None);
         }
         // count <= capacity and entries_offset + capacity * 8 <= region_size <= mapped: the copy

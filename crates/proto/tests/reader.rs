@@ -464,6 +464,18 @@ fn recycled_buffer_is_reused() {
 }
 
 #[test]
+fn round_zero_is_never_taken_even_after_other_rounds() {
+    let mut w = channel(8192);
+    w.publish(&[entry(5)], &RoundMeta::default()).unwrap();
+    let mut r = ChannelReader::new();
+    assert_eq!(r.read(w.region(), &ram()).unwrap().unwrap().round, 1);
+    // A guest rewrites the published round's number to 0 (seq stays even: a stable round).
+    w.region().store_u64(layout::off::ROUND, 0).unwrap();
+    assert_eq!(r.read(w.region(), &ram()), Ok(None));
+    assert_eq!(r.last_round(), 1);
+}
+
+#[test]
 fn reset_takes_the_current_round_again() {
     let mut w = channel(8192);
     w.publish(&[entry(5)], &RoundMeta::default()).unwrap();

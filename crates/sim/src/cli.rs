@@ -13,7 +13,8 @@ use std::path::PathBuf;
 const AFTER: &str = "\
 Memory models (--model): optane, cxl, remote-numa, or a TOML file (see docs/evaluation.md).
 Workloads (--workload): gups-hotset, gups-hotset-move, kv-zipf, graph, seq-window, file-cache,
-mix-hmmv4; or --trace FILE to replay a recorded hint stream.
+mix-hmmv4; the bake-off's (docs/bakeoff.md): bakeoff-gups, bakeoff-gups-move, bakeoff-kv; or
+--trace FILE to replay a recorded hint stream.
 Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem.
 The model, the peers and their assumptions: docs/evaluation.md.";
 

@@ -15,7 +15,8 @@ use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use vtism_engine::{
-    Move, MoveKind, Nanos, NodeId, NodeSpec, PlanContext, Policy, Tier, Topology, VmId, VmSpec,
+    coalesce, Move, MoveKind, Nanos, NodeId, NodeSpec, PlacementRun, PlanContext, Policy, Tier,
+    Topology, VmId, VmSpec,
 };
 use vtism_proto::{Gfn, RamMap, FRAME_SIZE};
 
@@ -323,26 +324,26 @@ pub fn run(
         let w = &workloads[i];
         let units = setup.units[i];
         let quota_units = (world.quotas[i] / cfg.unit_bytes) as usize;
-        // First touch: the first `quota` units in touch order land in fast memory.
+        // First touch: the first `quota` units in touch order land in fast memory (none for a
+        // VM that starts on the slow tier).
         let mut fast = vec![0u32; units];
-        for &u in w.touch_order(cfg.unit_bytes).iter().take(quota_units) {
+        let first_fast = if w.starts_on_slow() && !pr.all_fast {
+            0
+        } else {
+            quota_units
+        };
+        for &u in w.touch_order(cfg.unit_bytes).iter().take(first_fast) {
             fast[u as usize] = fpu as u32;
         }
         // Tell the policy, in runs.
-        let mut s = 0;
-        while s < units {
-            let on = fast[s] > 0;
-            let mut e = s + 1;
-            while e < units && (fast[e] > 0) == on {
-                e += 1;
-            }
-            pr.policy.set_placement(
-                spec.id,
-                Gfn(s as u64 * fpu),
-                (e - s) as u64 * fpu,
-                Some(if on { FAST } else { SLOW }),
-            )?;
-            s = e;
+        let units_placed = fast.iter().enumerate().map(|(u, &f)| PlacementRun {
+            vm: spec.id,
+            gfn: Gfn(u as u64 * fpu),
+            frames: fpu,
+            node: Some(if f > 0 { FAST } else { SLOW }),
+        });
+        for r in coalesce(units_placed, |_| true) {
+            pr.policy.set_placement(r.vm, r.gfn, r.frames, r.node)?;
         }
         let phase = w.phase(0.0);
         vms.push(VmState {

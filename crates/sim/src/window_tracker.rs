@@ -77,7 +77,7 @@ impl Default for WindowParams {
         WindowParams {
             cpu_budget: 0.01,
             coarse_period_s: 0.2,
-            coarse_chunk: 2048,
+            coarse_chunk: 16384,
             coarse_window_s: [1e-3, 50e-6, 0.1],
             fine_window_s: [0.1, 1e-3, 10.0],
             burst: 4,
@@ -241,6 +241,13 @@ impl Bill {
         self.cpu_s += cpu_s;
         self.stall_ns += cpu_s * 1e9 + slowdown_ms * 1e6 * v.wl.concurrency;
     }
+    /// Work that reads the tracker's own state and writes the channel (publication): the
+    /// scanner's CPU only; it clears no Accessed bit and flushes nothing, so the seed's slowdown
+    /// (measured for scans that do) does not apply.
+    fn cpu(&mut self, cpu_s: f64) {
+        self.cpu_s += cpu_s;
+        self.stall_ns += cpu_s * 1e9;
+    }
     /// A full TLB flush on every vCPU: the IPI (the simulator's shootdown cost) and the refill.
     fn flush(&mut self, v: &EpochView<'_>) {
         let per_vcpu_us = v.model.migration.per_page_us + v.model.tracking.tlb_refill_us;
@@ -254,20 +261,31 @@ impl WindowTracker {
         let regions = self.region_share.len();
         // Per region: a clearing pass and, a window later, a test-and-clear pass over its PMD
         // entry. Regions go in chunks, each its own window, so a region's window is W_c plus
-        // one chunk's pass, not the whole address space's.
-        let per_region_ns = 2.0 * t.pte_read_ns;
+        // one chunk's pass, not the whole address space's. A pass costs per region an entry
+        // read and, where the entry is young, its clear and bookkeeping.
         let chunk = regions.min(self.p.coarse_chunk).max(1);
-        let w_eff = self.coarse_w + chunk as f64 * per_region_ns * 1e-9;
+        let lambdas: Vec<f64> = (0..regions)
+            .map(|r| {
+                unit_rate[r * self.units_per_region
+                    ..((r + 1) * self.units_per_region).min(unit_rate.len())]
+                    .iter()
+                    .sum()
+            })
+            .collect();
+        let young_ns = t.young_clear_ns() - t.pte_read_ns;
+        let since = |l: f64| 1.0 - (-l * self.p.coarse_period_s).exp();
+        let clear_pass_ns: f64 = lambdas
+            .iter()
+            .map(|&l| t.pte_read_ns + since(l) * young_ns)
+            .sum::<f64>()
+            * chunk as f64
+            / regions as f64;
+        let w_eff = self.coarse_w + clear_pass_ns * 1e-9;
         let mut young = 0.0;
         let mut cost_ns = 0.0;
-        for r in 0..regions {
-            let lambda: f64 = (r * self.units_per_region
-                ..((r + 1) * self.units_per_region).min(unit_rate.len()))
-                .map(|u| unit_rate[u])
-                .sum();
+        for (r, &lambda) in lambdas.iter().enumerate() {
             let p = 1.0 - (-lambda * w_eff).exp();
-            let since_read = 1.0 - (-lambda * (self.p.coarse_period_s - w_eff).max(0.0)).exp();
-            cost_ns += per_region_ns + (since_read + p) * (t.young_clear_ns() - t.pte_read_ns);
+            cost_ns += 2.0 * t.pte_read_ns + (since(lambda) + p) * young_ns;
             let s = &mut self.region_share[r];
             let w = if p > *s as f64 {
                 self.p.coarse_weight_up
@@ -473,7 +491,7 @@ impl WindowTracker {
         // Publication reads each published frame's entry (or state) and writes its hint.
         let published = ranked.len() as f64 * self.fpu as f64;
         let cost = published * 2.0 * v.model.tracking.pte_read_ns * 1e-9;
-        bill.pass(cost, v, self.p.pass_max_s);
+        bill.cpu(cost);
         // Rounds come no more often than publishing within a quarter of the budget allows.
         self.round_s = self.p.round_s.max(cost / (0.25 * self.p.cpu_budget));
         if let Some(tw) = self.trace.as_mut() {

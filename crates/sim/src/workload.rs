@@ -91,6 +91,10 @@ pub enum Kind {
     Uniform { write_frac: f64 },
     /// Recorded hint stream replayed (see `trace`).
     Trace(std::sync::Arc<TraceWorkload>),
+    /// The inner workload with all of its memory on the slow tier at the start and its fast
+    /// share free, as the bake-off starts every manager (docs/bakeoff.md): a VM whose DRAM was
+    /// taken while it ran elsewhere, rather than one whose first touches filled it.
+    StartsOnSlow(Box<Kind>),
 }
 
 /// One VM's workload.
@@ -119,6 +123,9 @@ impl VmWorkload {
     /// Identifier of the access distribution in force at time `t` (seconds): profiles only change
     /// when this changes.
     pub fn phase(&self, t: f64) -> u64 {
+        if let Kind::StartsOnSlow(inner) = &self.kind {
+            return self.with_kind(inner).phase(t);
+        }
         match &self.kind {
             Kind::Gups {
                 move_at: Some(m), ..
@@ -147,7 +154,23 @@ impl VmWorkload {
         order
     }
 
+    /// Whether first touch places nothing in fast memory (see [`Kind::StartsOnSlow`]).
+    pub fn starts_on_slow(&self) -> bool {
+        matches!(self.kind, Kind::StartsOnSlow(_))
+    }
+
+    /// The same VM with another kind of workload.
+    fn with_kind(&self, kind: &Kind) -> VmWorkload {
+        VmWorkload {
+            kind: kind.clone(),
+            ..self.clone()
+        }
+    }
+
     pub fn profile(&self, phase: u64, unit_bytes: u64) -> Profile {
+        if let Kind::StartsOnSlow(inner) = &self.kind {
+            return self.with_kind(inner).profile(phase, unit_bytes);
+        }
         let n = self.units(unit_bytes);
         let mut p = Profile::new(n, PageType::Anon);
         match &self.kind {
@@ -250,6 +273,7 @@ impl VmWorkload {
             }
             Kind::Uniform { write_frac } => p.spread(0..n, 1.0, *write_frac),
             Kind::Trace(tr) => return tr.profile(phase, n, unit_bytes),
+            Kind::StartsOnSlow(_) => unreachable!("handled above"),
         }
         p.normalise();
         p
@@ -288,7 +312,28 @@ pub const WORKLOADS: &[(&str, &str)] = &[
         "mix-hmmv4",
         "HMM-V's four-VM co-run: fotonik3d-like, graph500, redis, pagerank",
     ),
+    (
+        "bakeoff-gups",
+        "the bake-off's GUPS: one thread, 96 MiB, 16 MiB hot, 1% of updates uniform, all on slow memory at the start",
+    ),
+    (
+        "bakeoff-gups-move",
+        "bakeoff-gups whose hot set jumps to the middle of the region at 90 s",
+    ),
+    (
+        "bakeoff-kv",
+        "the bake-off's redis: 64 MiB, 512 B values, zipf 0.99 (scrambled), 50% writes, one client",
+    ),
 ];
+
+/// The bake-off's GUPS rate inside the nested guest, about 1.1 M updates/s with its memory on
+/// the emulated CXL nodes (docs/bakeoff.md): one thread with one access in flight and this
+/// much compute per access puts the model's rate there (2 accesses per update, the cxl preset's
+/// 288 ns slow-tier latency): 1 / (162 + 288 ns) = 2.2 M accesses/s.
+const BAKEOFF_GUPS_CPU_NS: f64 = 162.0;
+/// The bake-off's key-value load, about 1,000 operations/s in the nested guest (docs/bakeoff.md),
+/// each a few memory accesses: one client, one request in flight.
+const BAKEOFF_KV_CPU_NS: f64 = 100_000.0;
 
 /// Suite run by `compare --suite` and scripts/gen-evaluation.sh.
 pub const SUITE: &[&str] = &[
@@ -425,6 +470,40 @@ pub fn scenario(
             v.iter_mut().for_each(|w| w.fast_weight = Some(1.0));
             v
         }
+        // The bake-off's workloads at their own sizes (`scale` 1 = the bake-off's); see
+        // docs/bakeoff.md, "Cross-check with the simulator".
+        "bakeoff-gups" | "bakeoff-gups-move" => {
+            let mib = |m: f64| ((m * scale * (1u64 << 20) as f64) as u64).max(4 << 20);
+            let gups = Kind::Gups {
+                hot_bytes: mib(16.0),
+                hot_frac: 0.99,
+                move_at: (name == "bakeoff-gups-move").then_some(90.0),
+            };
+            vec![VmWorkload {
+                name: "gups".into(),
+                kind: Kind::StartsOnSlow(Box::new(gups)),
+                footprint_bytes: mib(96.0),
+                concurrency: 1.0,
+                cpu_ns: BAKEOFF_GUPS_CPU_NS,
+                vcpus: 1,
+                seed,
+                fast_weight: None,
+            }]
+        }
+        "bakeoff-kv" => vec![VmWorkload {
+            name: "redis".into(),
+            kind: Kind::StartsOnSlow(Box::new(Kind::KvZipf {
+                value_bytes: 512,
+                theta: 0.99,
+                write_frac: 0.5,
+            })),
+            footprint_bytes: ((64.0 * scale * (1u64 << 20) as f64) as u64).max(4 << 20),
+            concurrency: 1.0,
+            cpu_ns: BAKEOFF_KV_CPU_NS,
+            vcpus: 1,
+            seed,
+            fast_weight: None,
+        }],
         other => anyhow::bail!(
             "--workload: unknown workload {other:?}; one of: {}",
             WORKLOADS.iter().map(|w| w.0).collect::<Vec<_>>().join(", ")
@@ -468,6 +547,21 @@ mod tests {
         s.sort_by(|a, b| b.partial_cmp(a).unwrap());
         let top: f64 = s[..512].iter().sum();
         assert!((top - (0.9 + 0.1 * 512.0 / 7168.0)).abs() < 1e-3, "{top}");
+    }
+
+    #[test]
+    fn bakeoff_gups_starts_with_its_hot_set_on_slow_memory() {
+        let w = &scenario("bakeoff-gups-move", 1.0, 180.0, 1).unwrap()[0];
+        const K4: u64 = 4096;
+        assert!(w.starts_on_slow());
+        assert!(!scenario("gups-hotset", 1.0, 240.0, 1).unwrap()[0].starts_on_slow());
+        let before = w.profile(w.phase(10.0), K4);
+        let after = w.profile(w.phase(100.0), K4);
+        let hot = |p: &Profile, r: std::ops::Range<usize>| r.map(|i| p.share(i)).sum::<f64>();
+        // 99% of the updates plus the hot set's part of the uniform 1%
+        let want = 0.99 + 0.01 * 16.0 / 96.0;
+        assert!((hot(&before, 0..4096) - want).abs() < 1e-3);
+        assert!((hot(&after, 40 * 256..56 * 256) - want).abs() < 1e-3);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `vtism testbed` arguments.
 
 use crate::driver::{self, RunOptions};
+use crate::emulated_host;
 use crate::probe::{self, ProbeArgs};
 use crate::settings::{Profile, Settings};
 use std::path::PathBuf;
@@ -66,6 +67,19 @@ pub struct RunArgs {
     /// Override the profile's control phase (seconds without the tracker).
     #[arg(long)]
     pub control_s: Option<u64>,
+    /// The workload's shape: seconds between two round-robin touches of one cold page (the
+    /// profiles' 60; 0 = none).
+    #[arg(long, value_name = "S")]
+    pub cold_period: Option<u64>,
+    /// The workload's shape: share of the GUPS updates spread uniformly over the whole region,
+    /// as in HeMem's GUPS (0 to below 1; default 0: every update goes to the hot set).
+    #[arg(long, value_name = "F")]
+    pub uniform_share: Option<f64>,
+    /// The workload's shape: the hot set moves to the middle of the region this many seconds
+    /// after the workload is ready (after the control phase); the new hot set then gets the
+    /// tracking limit again. Default: it never moves.
+    #[arg(long, value_name = "S")]
+    pub move_after: Option<u64>,
 }
 
 pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
@@ -73,13 +87,22 @@ pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
         return probe::probe(p);
     }
     let r = a.run;
-    let repo = driver::find_repo(r.repo)?;
+    let repo = emulated_host::find_repo(r.repo)?;
     let mut settings = Settings::for_profile(r.profile);
     if let Some(q) = r.quota_mib {
         settings.quota_mib = q;
     }
     if let Some(c) = r.control_s {
         settings.control_s = c;
+    }
+    if let Some(c) = r.cold_period {
+        settings.cold_period_s = c;
+    }
+    if let Some(u) = r.uniform_share {
+        settings.uniform_share = u;
+    }
+    if let Some(m) = r.move_after {
+        settings.move_after_s = m;
     }
     settings.validate()?;
     let out = r.out.unwrap_or_else(|| {

@@ -3,15 +3,15 @@
 //! lives (QMP for guest-physical to host-virtual, move_pages(2) for the node) and what vtismd
 //! reports (control socket). Writes one [`Sample`] per period and a "TB ..." progress line.
 
+use crate::guest_console::{ConsoleTail, GupsTruth};
+use crate::placement::GuestRam;
 use crate::report::{Phase, Sample};
 use crate::settings::Settings;
+use crate::vtismd;
 use anyhow::{bail, Context};
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vtism_host::{qmp::Qmp, sys, vm};
-use vtism_proto::Gfn;
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
@@ -44,116 +44,58 @@ pub struct ProbeArgs {
 /// What the guest said on its console so far.
 #[derive(Default)]
 struct Console {
-    offset: u64,
-    partial: String,
-    hot: Vec<(u64, u64)>,
-    cold: Vec<(u64, u64)>,
-    ready: bool,
+    truth: GupsTruth,
     module_loaded: bool,
-    updates_per_s: Option<u64>,
     error: Option<String>,
     booted: Option<String>,
-    /// The last kernel or init line, to show where a slow boot is.
-    last_other: String,
 }
 
 impl Console {
-    fn poll(&mut self, path: &Path) -> anyhow::Result<()> {
-        let mut f = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).context(path.display().to_string()),
-        };
-        f.seek(SeekFrom::Start(self.offset))?;
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf)?;
-        self.offset += buf.len() as u64;
-        self.partial.push_str(&String::from_utf8_lossy(&buf));
-        while let Some(nl) = self.partial.find('\n') {
-            let line: String = self.partial.drain(..=nl).collect();
-            self.line(line.trim_end_matches(['\r', '\n']));
-        }
-        Ok(())
-    }
-
     fn line(&mut self, line: &str) {
-        let mut w = line.split_whitespace();
-        let tag = w.next().unwrap_or("");
-        let mut run =
-            || -> Option<(u64, u64)> { Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?)) };
+        if self.truth.feed(line) {
+            return;
+        }
+        let tag = line.split_whitespace().next().unwrap_or("");
         match tag {
-            "TBHOT" if !self.ready => self.hot.extend(run()),
-            "TBCOLD" if !self.ready => self.cold.extend(run()),
-            "TBREADY" => self.ready = true,
             "TBMOD" => self.module_loaded = true,
-            "TBTPUT" => self.updates_per_s = run().map(|(_, u)| u),
             "TBBOOT" => self.booted = Some(line[6..].trim().to_string()),
             "TBERR" => self.error = Some(line[5..].trim().to_string()),
-            t if !t.starts_with("TB") && !line.trim().is_empty() => {
-                self.last_other = line.trim().chars().take(100).collect()
-            }
             _ => {}
         }
     }
 }
 
-/// The guest's RAM as host addresses, and which entries are the workload's hot and cold frames.
+/// The guest's RAM, and which entries are the workload's hot and cold frames (the hot set in
+/// force: after a move, the new one).
 struct Layout {
-    pid: i32,
-    hvas: Vec<u64>,
+    ram: GuestRam,
     hot: Vec<usize>,
     cold: Vec<usize>,
+    next: Vec<usize>,
+    generation: u32,
 }
 
 fn layout(qmp: &Path, c: &Console) -> anyhow::Result<Layout> {
-    let mut q = Qmp::connect(qmp, Duration::from_secs(20)).context("probe QMP")?;
-    let info = vm::inspect(&mut q).context("inspecting the nested QEMU")?;
-    let mem = &info.memory;
-    let mut hvas = Vec::with_capacity(mem.ram.frames() as usize);
-    for r in &mem.ranges {
-        for g in r.gfns.start.0..r.gfns.end.0 {
-            hvas.push(mem.hva(Gfn(g)).context("gfn without hva")?);
-        }
-    }
-    let index = |runs: &[(u64, u64)]| -> anyhow::Result<Vec<usize>> {
-        let mut v = Vec::new();
-        for &(g, n) in runs {
-            for k in g..g + n {
-                v.push(mem.ram.index_of(Gfn(k)).with_context(|| {
-                    format!("the workload's frame {k:#x} is not guest RAM per QMP")
-                })? as usize);
-            }
-        }
-        Ok(v)
-    };
+    let ram = GuestRam::from_qmp(qmp)?;
     Ok(Layout {
-        pid: info.pid,
-        hvas,
-        hot: index(&c.hot)?,
-        cold: index(&c.cold)?,
+        hot: ram.indices(&c.truth.hot)?,
+        cold: ram.indices(&c.truth.cold)?,
+        next: ram.indices(&c.truth.next)?,
+        ram,
+        generation: 0,
     })
 }
 
-fn nodes_of(l: &Layout) -> anyhow::Result<Vec<i32>> {
-    let mut status = vec![0i32; l.hvas.len()];
-    for (a, s) in l.hvas.chunks(65536).zip(status.chunks_mut(65536)) {
-        sys::move_pages(l.pid, a, None, s, 0).context("move_pages query")?;
+impl Layout {
+    /// The hot set moved: the new one is hot, every other frame of the workload cold.
+    fn move_hot_set(&mut self) {
+        let next: std::collections::BTreeSet<usize> = self.next.iter().copied().collect();
+        let mut all: Vec<usize> = self.hot.iter().chain(&self.cold).copied().collect();
+        all.sort_unstable();
+        self.cold = all.into_iter().filter(|i| !next.contains(i)).collect();
+        self.hot = std::mem::take(&mut self.next);
+        self.generation += 1;
     }
-    Ok(status)
-}
-
-fn daemon_status(sock: &Path, name: &str) -> Option<serde_json::Value> {
-    let mut s = UnixStream::connect(sock).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-    s.write_all(b"status\n").ok()?;
-    let mut text = String::new();
-    BufReader::new(s).read_to_string(&mut text).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v["vms"]
-        .as_array()?
-        .iter()
-        .find(|x| x["name"] == name)
-        .cloned()
 }
 
 fn mib(b: u64) -> f64 {
@@ -166,28 +108,32 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
     )?;
     let mut out =
         std::fs::File::create(&a.samples).with_context(|| a.samples.display().to_string())?;
+    let mut tail = ConsoleTail::new(&a.console);
     let mut con = Console::default();
     let start = Instant::now();
     let mut ready_at: Option<Instant> = None;
     let mut loaded_at: Option<f64> = None;
     let mut reached_at: Option<f64> = None;
+    let mut moved_at: Option<f64> = None;
     let mut layout_: Option<Layout> = None;
     let mut last_note = 0u64;
     let period = Duration::from_millis(a.period_ms);
     loop {
         std::thread::sleep(period);
-        con.poll(&a.console)?;
+        for line in tail.poll()? {
+            con.line(&line);
+        }
         if let Some(e) = &con.error {
             bail!("the guest reported: {e}");
         }
         let Some(t0) = ready_at else {
             let waited = start.elapsed().as_secs();
-            if con.ready {
+            if con.truth.ready {
                 println!(
                     "TB nested guest up after {waited} s ({}); workload ready: {} hot + {} cold frames; control phase ({} s, no tracker)",
                     con.booted.as_deref().unwrap_or("?"),
-                    con.hot.iter().map(|r| r.1).sum::<u64>(),
-                    con.cold.iter().map(|r| r.1).sum::<u64>(),
+                    GupsTruth::frames(&con.truth.hot),
+                    GupsTruth::frames(&con.truth.cold),
                     settings.control_s
                 );
                 layout_ = Some(layout(&a.qmp, &con)?);
@@ -212,10 +158,16 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             loaded_at = Some(t);
             println!("TB tracker module loaded at {t:.0} s: tracking phase");
         }
-        let l = layout_.as_ref().expect("layout is set with ready_at");
-        let nodes = nodes_of(l)?;
+        let l = layout_.as_mut().expect("layout is set with ready_at");
+        if con.truth.moved_at_ms.is_some() && moved_at.is_none() {
+            l.move_hot_set();
+            moved_at = Some(t);
+            reached_at = None;
+            println!("TB the workload's hot set moved at {t:.0} s");
+        }
+        let nodes = l.ram.nodes()?;
         let on = |set: &[i32], i: usize| set.contains(&nodes[i]);
-        let st = daemon_status(&a.control_socket, &a.vm);
+        let st = vtismd::status(&a.control_socket, &a.vm);
         let field = |k: &str| st.as_ref().and_then(|v| v[k].as_u64()).unwrap_or(0);
         let s = Sample {
             t_s: t,
@@ -240,7 +192,8 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             } else {
                 settings.quota_mib << 20
             },
-            updates_per_s: con.updates_per_s,
+            updates_per_s: con.truth.rate.map(|r| r.updates_per_s),
+            hot_set_moves: l.generation,
         };
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         println!(
@@ -256,21 +209,33 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             s.updates_per_s.map_or("-".into(), |u| format!("{:.2} M/s", u as f64 / 1e6)),
         );
         if let Some(lt) = loaded_at {
+            // The hot set still to move keeps the run going; after the move the new hot set gets
+            // the tracking limit again.
+            let move_pending = settings.move_after_s > 0 && moved_at.is_none();
+            let since = moved_at.map_or(lt, |m| m.max(lt));
             if reached_at.is_none() && s.hot_dram_share() >= settings.target_share {
                 reached_at = Some(t);
                 println!(
-                    "TB {:.0}% of the hot set is in DRAM, {:.0} s after the tracker loaded; holding {} s",
+                    "TB {:.0}% of the hot set is in DRAM, {:.0} s after the {}; holding {} s",
                     100.0 * settings.target_share,
-                    t - lt,
+                    t - since,
+                    if moved_at.is_some() {
+                        "move"
+                    } else {
+                        "tracker loaded"
+                    },
                     settings.hold_s
                 );
             }
-            if reached_at.is_some_and(|r| t - r >= settings.hold_s as f64) {
+            if !move_pending && reached_at.is_some_and(|r| t - r >= settings.hold_s as f64) {
                 return Ok(());
             }
-            if t - lt >= (settings.track_limit_s + settings.hold_s) as f64 {
+            if !move_pending && t - since >= (settings.track_limit_s + settings.hold_s) as f64 {
                 println!("TB tracking limit reached ({} s)", settings.track_limit_s);
                 return Ok(());
+            }
+            if move_pending && t >= settings.move_after_s as f64 + 60.0 {
+                bail!("the workload's hot set did not move {t:.0} s into the run");
             }
         } else if t >= (settings.control_s + 300) as f64 {
             bail!("the tracker module was not loaded {t:.0} s into the run");
@@ -283,36 +248,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn console_lines_split_across_reads() {
-        let dir = std::env::temp_dir().join(format!("vtism-probe-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("console.log");
+    fn console_lines() {
         let mut c = Console::default();
-        std::fs::write(&p, "TBBOOT 6.12 x\r\nTBHOT 100 4\nTBCOLD 200 8\nTBHO").unwrap();
-        c.poll(&p).unwrap();
-        assert_eq!(
-            (c.hot.clone(), c.cold.clone()),
-            (vec![(100, 4)], vec![(200, 8)])
-        );
-        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
-        f.write_all(
-            b"T 104 2\nTBREADY hot=6 cold=8\nTBHOT 1 1\nTBTPUT 1000 5000\nTBMOD loaded 3000\n",
-        )
-        .unwrap();
-        c.poll(&p).unwrap();
-        assert_eq!(
-            c.hot,
-            vec![(100, 4), (104, 2)],
-            "a run after TBREADY is ignored"
-        );
-        assert!(c.ready && c.module_loaded);
-        assert_eq!(c.updates_per_s, Some(5000));
+        for l in [
+            "TBBOOT 6.12 x",
+            "TBHOT 100 4",
+            "TBREADY hot=4 cold=0",
+            "TBMOD loaded 3000",
+        ] {
+            c.line(l);
+        }
+        assert!(c.truth.ready && c.module_loaded);
         assert_eq!(c.booted.as_deref(), Some("6.12 x"));
-        std::fs::write(&p, "").unwrap();
         let mut c = Console::default();
-        std::fs::write(&p, "TBERR insmod failed\n").unwrap();
-        c.poll(&p).unwrap();
+        c.line("TBERR insmod failed");
         assert_eq!(c.error.as_deref(), Some("insmod failed"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

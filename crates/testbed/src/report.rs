@@ -39,6 +39,10 @@ pub struct Sample {
     pub quota_bytes: u64,
     /// The workload's last reported GUPS rate (updates per second).
     pub updates_per_s: Option<u64>,
+    /// How often the workload's hot set has moved so far: the hot and cold frames above are
+    /// those of the hot set in force.
+    #[serde(default)]
+    pub hot_set_moves: u32,
 }
 
 impl Sample {
@@ -168,6 +172,11 @@ pub fn checks(s: &Settings, samples: &[Sample]) -> Vec<Check> {
         },
     ));
 
+    // A moving hot set: the new one reaches DRAM within the tracking limit of the move.
+    if s.move_after_s > 0 {
+        out.push(moved_check(s, &tracking));
+    }
+
     // At the end: the hot set still there, the cold remainder on the CXL nodes.
     if let Some(last) = tracking.last() {
         out.push(check(
@@ -210,6 +219,46 @@ pub fn checks(s: &Settings, samples: &[Sample]) -> Vec<Check> {
         },
     ));
     out
+}
+
+fn moved_check(s: &Settings, tracking: &[&Sample]) -> Check {
+    const NAME: &str = "after the move: the new hot set reaches DRAM";
+    let Some(moved) = tracking.iter().find(|x| x.hot_set_moves > 0) else {
+        return check(
+            NAME,
+            false,
+            "the hot set never moved in the tracking phase".into(),
+        );
+    };
+    let reached = tracking
+        .iter()
+        .find(|x| x.hot_set_moves > 0 && x.hot_dram_share() >= s.target_share);
+    check(
+        NAME,
+        reached.is_some_and(|x| x.t_s - moved.t_s <= s.track_limit_s as f64),
+        match reached {
+            Some(x) => format!(
+                "{:.1}% of the new hot set on DRAM {:.0} s after the move at {:.0} s (target {:.0}% within {} s)",
+                100.0 * x.hot_dram_share(),
+                x.t_s - moved.t_s,
+                moved.t_s,
+                100.0 * s.target_share,
+                s.track_limit_s
+            ),
+            None => format!(
+                "best {:.1}% after the move at {:.0} s (target {:.0}% within {} s)",
+                100.0
+                    * tracking
+                        .iter()
+                        .filter(|x| x.hot_set_moves > 0)
+                        .map(|x| x.hot_dram_share())
+                        .fold(0.0, f64::max),
+                moved.t_s,
+                100.0 * s.target_share,
+                s.track_limit_s
+            ),
+        },
+    )
 }
 
 /// A human summary of a run.
@@ -392,6 +441,7 @@ mod tests {
             guest_dram_bytes: dram,
             quota_bytes: 20 << 20,
             updates_per_s: Some(1_000_000),
+            hot_set_moves: 0,
         }
     }
 
@@ -462,6 +512,38 @@ mod tests {
         );
         // no samples at all
         assert_eq!(failed(&checks(&s, &[])).len(), 5);
+    }
+
+    #[test]
+    fn a_moved_hot_set_must_reach_dram_again() {
+        let s = Settings {
+            move_after_s: 50,
+            ..Settings::for_profile(Profile::Test)
+        };
+        let moved = |reconverges: bool| {
+            let mut v = good_run();
+            for x in v.iter_mut().filter(|x| x.t_s >= 50.0) {
+                x.hot_set_moves = 1;
+                x.hot_dram_frames = if reconverges && x.t_s >= 55.0 {
+                    4096
+                } else {
+                    100
+                };
+            }
+            v
+        };
+        let c = checks(&s, &moved(true));
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{c:#?}");
+        let f = failed(&checks(&s, &moved(false)));
+        assert!(
+            f.contains(&"after the move: the new hot set reaches DRAM"),
+            "{f:?}"
+        );
+        let f = failed(&checks(&s, &good_run()));
+        assert!(
+            f.contains(&"after the move: the new hot set reaches DRAM"),
+            "{f:?}"
+        );
     }
 
     #[test]

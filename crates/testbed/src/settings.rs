@@ -19,8 +19,12 @@ pub struct Settings {
     /// The workload's footprint and hot set.
     pub work_mib: u64,
     pub hot_mib: u64,
-    /// Seconds between two touches of one cold page.
+    /// Seconds between two round-robin touches of one cold page (0: none).
     pub cold_period_s: u64,
+    /// Share of the updates spread uniformly over the whole region (HeMem's GUPS), 0 to < 1.
+    pub uniform_share: f64,
+    /// Seconds after the workload is ready at which its hot set moves (0: never).
+    pub move_after_s: u64,
     /// The guest's fast-memory quota in vtismd's config.
     pub quota_mib: u64,
     /// Seconds the workload runs without the tracker (the control phase).
@@ -42,9 +46,12 @@ pub struct Settings {
 
 /// The module's interval formula with the seed's K and Kb assumes hardware scan times; inside a
 /// TCG guest nested in a TCG guest a scan is ~100x slower, so the testbed scales Tbase and caps
-/// the interval to keep rounds a few seconds apart, as they are on hardware.
+/// the interval to keep rounds a few seconds apart, as they are on hardware. The CPU budget
+/// (1% of a vCPU by default) is raised to 20% for the same reason: a pass that takes
+/// microseconds on hardware takes milliseconds here, and the guest e2e runs its steady phase at
+/// 20% too (docs/guest.md).
 const MODULE_PARAMS: &str =
-    "interval_k=1,interval_kb=10,interval_base_ms=1000,interval_max_ms=3000";
+    "cpu_budget_bp=2000,interval_k=1,interval_kb=10,interval_base_ms=1000,interval_max_ms=3000";
 
 impl Settings {
     pub fn for_profile(p: Profile) -> Settings {
@@ -54,6 +61,8 @@ impl Settings {
                 work_mib: 96,
                 hot_mib: 16,
                 cold_period_s: 60,
+                uniform_share: 0.0,
+                move_after_s: 0,
                 quota_mib: 20,
                 control_s: 30,
                 track_limit_s: 300,
@@ -80,14 +89,28 @@ impl Settings {
     /// Upper bound on the whole run, for the driver's timeout.
     pub fn run_limit_s(&self) -> u64 {
         // Emulated host boot and the workload's setup (it populates its memory under nested TCG).
-        self.boot_limit_s + 180 + self.control_s + self.track_limit_s + self.hold_s
+        let tracking = self.track_limit_s + self.hold_s;
+        // With a move, the new hot set gets the tracking limit again from the move on.
+        let moved = if self.move_after_s > 0 {
+            self.move_after_s.saturating_sub(self.control_s) + tracking
+        } else {
+            0
+        };
+        self.boot_limit_s + 180 + self.control_s + tracking + moved
     }
 
     pub fn gups_args(&self) -> String {
-        format!(
+        let mut a = format!(
             "--mib+{}+--hot-mib+{}+--cold-period+{}",
             self.work_mib, self.hot_mib, self.cold_period_s
-        )
+        );
+        if self.uniform_share > 0.0 {
+            a.push_str(&format!("+--uniform-share+{}", self.uniform_share));
+        }
+        if self.move_after_s > 0 {
+            a.push_str(&format!("+--move-after+{}", self.move_after_s));
+        }
+        a
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -103,6 +126,15 @@ impl Settings {
         if !(0.0..=1.0).contains(&self.target_share) {
             bail!("target_share must be in [0, 1]");
         }
+        if !(0.0..1.0).contains(&self.uniform_share) {
+            bail!("uniform_share must be in [0, 1)");
+        }
+        if self.move_after_s > 0 && self.move_after_s <= self.control_s {
+            bail!("move_after_s must come after the control phase (control_s)");
+        }
+        if self.move_after_s > 0 && 2 * self.hot_mib > self.work_mib {
+            bail!("a moving hot set needs work_mib >= 2 * hot_mib (the new hot set is disjoint)");
+        }
         Ok(())
     }
 
@@ -114,6 +146,8 @@ impl Settings {
         kv("WORK_MIB", self.work_mib.to_string());
         kv("HOT_MIB", self.hot_mib.to_string());
         kv("COLD_PERIOD_S", self.cold_period_s.to_string());
+        kv("UNIFORM_SHARE", self.uniform_share.to_string());
+        kv("MOVE_AFTER_S", self.move_after_s.to_string());
         kv("QUOTA_MIB", self.quota_mib.to_string());
         kv("CONTROL_S", self.control_s.to_string());
         kv("TRACK_LIMIT_S", self.track_limit_s.to_string());
@@ -154,6 +188,10 @@ impl Settings {
             work_mib: num("WORK_MIB")?,
             hot_mib: num("HOT_MIB")?,
             cold_period_s: num("COLD_PERIOD_S")?,
+            uniform_share: get("UNIFORM_SHARE")?
+                .parse()
+                .context("testbed.env: UNIFORM_SHARE is not a number")?,
+            move_after_s: num("MOVE_AFTER_S")?,
             quota_mib: num("QUOTA_MIB")?,
             control_s: num("CONTROL_S")?,
             track_limit_s: num("TRACK_LIMIT_S")?,
@@ -194,6 +232,55 @@ mod tests {
             let text = s.to_env(&[("BIN", "/x/vtism".into())]);
             assert!(text.contains("BIN=/x/vtism\n"));
             assert_eq!(Settings::from_env(&text).unwrap(), s);
+        }
+        let mut s = Settings::for_profile(Profile::Test);
+        s.uniform_share = 0.1;
+        s.move_after_s = 120;
+        s.cold_period_s = 2;
+        s.validate().unwrap();
+        assert_eq!(Settings::from_env(&s.to_env(&[])).unwrap(), s);
+        assert_eq!(
+            s.gups_args(),
+            "--mib+96+--hot-mib+16+--cold-period+2+--uniform-share+0.1+--move-after+120"
+        );
+    }
+
+    #[test]
+    fn the_default_workload_is_unchanged() {
+        let s = Settings::for_profile(Profile::Test);
+        assert_eq!(s.gups_args(), "--mib+96+--hot-mib+16+--cold-period+60");
+    }
+
+    #[test]
+    fn bad_shapes_are_refused_by_name() {
+        let base = Settings::for_profile(Profile::Test);
+        for (s, what) in [
+            (
+                Settings {
+                    uniform_share: 1.0,
+                    ..base.clone()
+                },
+                "uniform_share",
+            ),
+            (
+                Settings {
+                    move_after_s: 10,
+                    ..base.clone()
+                },
+                "move_after_s",
+            ),
+            (
+                Settings {
+                    move_after_s: 100,
+                    hot_mib: 60,
+                    quota_mib: 64,
+                    ..base.clone()
+                },
+                "2 * hot_mib",
+            ),
+        ] {
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
         }
     }
 

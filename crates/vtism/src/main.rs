@@ -1,8 +1,9 @@
 //! `vtism`: one binary, one subcommand per part of the system.
 
+mod assets;
 mod demo;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 const ABOUT: &str = "Tiered memory for virtual machines: keeps each VM's hot pages in fast memory \
@@ -37,6 +38,8 @@ enum Cmd {
     Sim(vtism_sim::cli::SimCommand),
     /// Boot an emulated DRAM+CXL host and run the whole stack in it (what `make demo` runs).
     Testbed(vtism_testbed::cli::TestbedArgs),
+    /// Run vtism against the kernel's own tiering and DAMON tiering in the emulated host.
+    Bakeoff(vtism_bakeoff::cli::BakeoffArgs),
     /// Run the tiering engine on a built-in synthetic workload and show every decision.
     Demo(demo::DemoArgs),
 }
@@ -58,6 +61,23 @@ fn init_logging(filter: Option<&str>, json: bool) {
 }
 
 fn main() -> ExitCode {
+    // `vtism package-assets` (for `make deb`) is kept out of the CLI it documents, so that it does
+    // not appear in the man pages and completions it writes.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "package-assets")
+    {
+        let argv =
+            std::iter::once("vtism package-assets".into()).chain(std::env::args_os().skip(2));
+        let args = assets::AssetsArgs::parse_from(argv);
+        return match assets::run(Cli::command(), args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("vtism package-assets: error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = Cli::parse();
     // vtismd sets up its own logging from its configuration (daemon.log_level, log_format) unless
     // the command line says otherwise; a subscriber installed here first would win.
@@ -71,6 +91,7 @@ fn main() -> ExitCode {
         Cmd::Guest(a) => vtism_guest::cli::guest_main(a),
         Cmd::Sim(c) => vtism_sim::cli::sim_main(c),
         Cmd::Testbed(a) => vtism_testbed::cli::testbed_main(a),
+        Cmd::Bakeoff(a) => vtism_bakeoff::cli::bakeoff_main(a),
         Cmd::Demo(a) => demo::run(a),
     };
     match res {

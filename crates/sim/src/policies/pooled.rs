@@ -1,22 +1,21 @@
-//! vtism with its fast-memory pool: the engine plus `FastPool`, driven as the daemon drives them.
-//! Before each plan every VM's hot-set estimate goes to the pool and the quota changes it returns
-//! go to the engine (`set_quota`; a shrunk quota makes the engine demote).
+//! vtism with its fast-memory pool: the daemon's own tiering round (`vtism_engine::Tiering`)
+//! behind the simulator's `Policy` interface. Each plan is one round: the pool's demand by the
+//! daemon's rule, rebalance, quota changes into the engine, plan (no per-VM rate allowances in
+//! the simulator).
 //!
 //! Limits follow HMM-V's co-run (section 5.9): a guaranteed 75% and at most 125% of the VM's
 //! initial quota, shares equal to the initial quota. Island mode keeps the initial quotas.
 
 use vtism_engine::{
-    EngineError, FastPool, IngestStats, Nanos, NodeId, Observation, Plan, PlanContext, Policy,
-    PoolMode, PoolParams, QuotaChange, VmId, VmLimits, VmSpec, VtismPolicy,
+    Allowances, EngineError, FastPool, IngestStats, Nanos, NodeId, Observation, PlacementRun, Plan,
+    PlanContext, Policy, PoolMode, PoolParams, QuotaChange, RoundError, Tiering, VmId, VmLimits,
+    VmSpec, VtismPolicy,
 };
-use vtism_proto::{CountMeaning, Gfn};
+use vtism_proto::Gfn;
 
 pub struct PooledVtism {
     name: &'static str,
-    engine: VtismPolicy,
-    pool: FastPool,
-    fast_bytes: u64,
-    vms: Vec<VmId>,
+    tiering: Tiering,
     /// Every quota change, in order (for reports and tests).
     pub changes: Vec<QuotaChange>,
 }
@@ -36,10 +35,7 @@ impl PooledVtism {
         })?;
         Ok(PooledVtism {
             name,
-            engine,
-            pool,
-            fast_bytes,
-            vms: Vec::new(),
+            tiering: Tiering::new(engine, pool),
             changes: Vec::new(),
         })
     }
@@ -54,15 +50,17 @@ impl PooledVtism {
     }
 
     pub fn pool(&self) -> &FastPool {
-        &self.pool
+        self.tiering.pool()
     }
+}
 
-    fn apply(&mut self, changes: Vec<QuotaChange>) -> Result<(), EngineError> {
-        for c in changes {
-            self.engine.set_quota(c.vm, c.to_bytes)?;
-            self.changes.push(c);
-        }
-        Ok(())
+fn engine_error(vm: VmId, e: RoundError) -> EngineError {
+    match e {
+        RoundError::Engine(e) => e,
+        RoundError::Pool(e) => EngineError::PoolRefused {
+            vm,
+            problem: e.to_string(),
+        },
     }
 }
 
@@ -72,26 +70,41 @@ impl Policy for PooledVtism {
     }
 
     fn add_vm(&mut self, spec: VmSpec) -> Result<(), EngineError> {
-        let (id, initial) = (spec.id, spec.fast_quota_bytes);
-        self.engine.add_vm(spec)?;
-        // The engine accepted the VM, so the pool has not seen it either; the minimums are 75% of
-        // initial quotas that sum to the pool's size, so they always fit.
+        let (vm, limits) = (spec.id, Self::limits_for(spec.fast_quota_bytes));
         let c = self
-            .pool
-            .add_vm(id, Self::limits_for(initial), Nanos(0))
-            .expect("a new VM whose minimum fits the pool");
-        self.vms.push(id);
-        self.apply(vec![c])
+            .tiering
+            .add_vm(spec, limits, Nanos(0))
+            .map_err(|e| engine_error(vm, e))?;
+        self.changes.push(c);
+        Ok(())
     }
 
     fn remove_vm(&mut self, vm: VmId) -> Result<(), EngineError> {
-        self.pool.remove_vm(vm);
-        self.vms.retain(|&v| v != vm);
-        self.engine.remove_vm(vm)
+        match self.tiering.remove_vm(vm) {
+            true => Ok(()),
+            false => Err(EngineError::UnknownVm(vm)),
+        }
     }
 
+    /// An operator's fixed quota: the pool holds the VM at it (minimum = maximum).
     fn set_quota(&mut self, vm: VmId, fast_quota_bytes: u64) -> Result<(), EngineError> {
-        self.engine.set_quota(vm, fast_quota_bytes)
+        let shares = self
+            .tiering
+            .pool()
+            .limits(vm)
+            .ok_or(EngineError::UnknownVm(vm))?
+            .shares;
+        let fixed = VmLimits {
+            min_bytes: fast_quota_bytes,
+            max_bytes: fast_quota_bytes,
+            shares,
+        };
+        let changes = self
+            .tiering
+            .set_limits(vm, fixed, Nanos(0))
+            .map_err(|e| engine_error(vm, e))?;
+        self.changes.extend(changes);
+        Ok(())
     }
 
     fn observe(
@@ -100,7 +113,7 @@ impl Policy for PooledVtism {
         obs: Observation<'_>,
         now: Nanos,
     ) -> Result<IngestStats, EngineError> {
-        self.engine.observe(vm, obs, now)
+        self.tiering.observe(vm, obs, now)
     }
 
     fn set_placement(
@@ -110,31 +123,23 @@ impl Policy for PooledVtism {
         frames: u64,
         node: Option<NodeId>,
     ) -> Result<(), EngineError> {
-        self.engine.set_placement(vm, gfn, frames, node)
+        self.tiering.engine().ram(vm)?;
+        self.tiering.learn([PlacementRun {
+            vm,
+            gfn,
+            frames,
+            node,
+        }]);
+        Ok(())
     }
 
     fn plan(&mut self, ctx: &PlanContext<'_>, now: Nanos) -> Plan {
-        // A rounds-seen estimate only means something once its history is full; a rate-level
-        // one from the first round.
-        let window = self.engine.params().count_cap as u64;
-        let ready: Vec<VmId> = self
-            .vms
-            .iter()
-            .copied()
-            .filter(|&vm| {
-                self.engine.summary(vm).is_ok_and(|s| {
-                    s.rounds >= window || (s.rounds > 0 && s.counts == CountMeaning::RateLevel)
-                })
-            })
-            .collect();
-        let demand = self.engine.pool_demands(&ready, self.fast_bytes);
-        let changes = self.pool.rebalance(&demand, now);
-        // The VMs are the engine's own: set_quota cannot fail for them.
-        let _ = self.apply(changes);
-        self.engine.plan(ctx, now)
+        let out = self.tiering.round(ctx, &Allowances::new(), now);
+        self.changes.extend(out.quota_changes);
+        out.plan
     }
 
     fn fast_quota(&self, vm: VmId) -> Option<u64> {
-        self.pool.quota(vm)
+        self.tiering.pool().quota(vm)
     }
 }

@@ -1,0 +1,23 @@
+# The emulated DRAM+CXL host that tests/host-e2e and tests/packaging boot under TCG, as QEMU
+# options: two sockets with a CPU and 1 GiB of DRAM each (nodes 0 and 1), and a CPU-less 1 GiB
+# node 2 that ACPI SLIT/HMAT describe as slower ("CXL"). Sourced by bash: sets emuhost_machine.
+emuhost_machine=(
+	-accel tcg,thread=multi -machine q35,hmat=on -cpu max -smp 2,sockets=2 -m 3G
+	-object memory-backend-ram,size=1G,id=m0 -object memory-backend-ram,size=1G,id=m1
+	-object memory-backend-ram,size=1G,id=m2
+	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1
+	-numa node,nodeid=2,memdev=m2,initiator=0
+	-numa dist,src=0,dst=1,val=21 -numa dist,src=0,dst=2,val=24 -numa dist,src=1,dst=2,val=32
+)
+# hmat-lb INITIATOR TARGET LATENCY BANDWIDTH
+emuhost_lb() {
+	emuhost_machine+=(
+		-numa "hmat-lb,initiator=$1,target=$2,hierarchy=memory,data-type=access-latency,latency=$3"
+		-numa "hmat-lb,initiator=$1,target=$2,hierarchy=memory,data-type=access-bandwidth,bandwidth=$4")
+}
+emuhost_lb 0 0 10 10G
+emuhost_lb 0 1 20 5G
+emuhost_lb 0 2 80 2G
+emuhost_lb 1 0 20 5G
+emuhost_lb 1 1 10 10G
+emuhost_lb 1 2 100 1G
