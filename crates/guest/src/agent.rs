@@ -497,8 +497,11 @@ fn track<R: SharedRegion>(
             kd.write_regions(&confirm::layout(ranges, &units))?;
             commit = true;
         }
-        // the host's floor is honoured at once; other moves when worth a lost aggregation
-        if intervals::worth_commit(*iv, next) || (iv.aggr_us < host_floor_us && next != *iv) {
+        // the host's floor is honoured at once, and any move rides on a commit made anyway;
+        // other moves when worth the delay
+        if next != *iv
+            && (commit || intervals::worth_commit(*iv, next) || iv.aggr_us < host_floor_us)
+        {
             *iv = next;
             kd.write_attrs(&attrs_for(*iv, min_regions, max_regions))?;
             frames.set_window(iv.sample_us as f64 / 1e6);
