@@ -497,10 +497,11 @@ fn track<R: SharedRegion>(
             kd.write_regions(&confirm::layout(ranges, &units))?;
             commit = true;
         }
-        // the host's floor is honoured at once, and any move rides on a commit made anyway;
-        // other moves when worth the delay
+        // the host's floor is honoured at once; other moves when worth the delay, or when the
+        // goal is missed by more than the band (DAMON's steps above the goal are small)
+        let off_goal = limit == Limit::Goal && goal > 0.0 && intervals::off_goal(share / goal);
         if next != *iv
-            && (commit || intervals::worth_commit(*iv, next) || iv.aggr_us < host_floor_us)
+            && (off_goal || intervals::worth_commit(*iv, next) || iv.aggr_us < host_floor_us)
         {
             *iv = next;
             kd.write_attrs(&attrs_for(*iv, min_regions, max_regions))?;

@@ -154,18 +154,23 @@ pub fn next(p: &LoopParams, cur: Intervals, o: &Observation) -> (Intervals, Limi
     )
 }
 
-/// A move smaller than this factor is not committed on its own. Narrow because DAMON's step is
-/// only half the error above the goal: a band of 1/8 left the loop anywhere from 0.89 to 1.22
-/// times the goal (e2e run 4: 1.13 under one quota, 0.91 under the next), 1/32 leaves it within
-/// 0.97 to 1.06; the score's round-to-round noise in the e2e is about 5%.
-pub const DEAD_BAND: f64 = 1.0 / 32.0;
+/// Moves within this factor, and scores within it of the goal, are not committed on their own.
+/// A band on the move alone is asymmetric: DAMON's step is half the error above the goal, so a
+/// band of 1/8 on the move left the loop anywhere from 0.89 to 1.22 times the goal (e2e run 4:
+/// 1.13 under one quota, 0.91 under the next). On the score, 1/16 leaves it within 0.94 to 1.06.
+pub const DEAD_BAND: f64 = 1.0 / 16.0;
+
+/// Whether a score (achieved over goal) is far enough from the goal to move toward it.
+pub fn off_goal(score: f64) -> bool {
+    score == 0.0 || (score > 0.0 && score.is_finite() && score.ln().abs() > DEAD_BAND.ln_1p())
+}
 
 /// Whether `next` differs enough from `cur` to be worth a commit (each delays the agent's next
 /// read by up to an aggregation: DAMON applies it at the end of the current one).
 pub fn worth_commit(cur: Intervals, next: Intervals) -> bool {
     let moved = |a: u64, b: u64| {
         let (a, b) = (a.max(1) as f64, b.max(1) as f64);
-        (a / b).ln().abs() > (1.0 + DEAD_BAND).ln()
+        (a / b).ln().abs() > DEAD_BAND.ln_1p()
     };
     moved(cur.sample_us, next.sample_us) || moved(cur.aggr_us, next.aggr_us)
 }
@@ -309,6 +314,15 @@ mod tests {
     }
 
     #[test]
+    fn the_goal_band_is_symmetric() {
+        // 1.13 times the goal is a move of only 6.5% (DAMON halves the step above the goal),
+        // but the score is off: move
+        assert!(off_goal(1.13) && off_goal(0.91));
+        assert!(!off_goal(1.05) && !off_goal(0.95) && !off_goal(1.0));
+        assert!(off_goal(0.0) && !off_goal(f64::NAN));
+    }
+
+    #[test]
     fn small_moves_need_no_commit() {
         let a = Intervals {
             sample_us: 100_000,
@@ -317,22 +331,22 @@ mod tests {
         assert!(!worth_commit(
             a,
             Intervals {
-                sample_us: 103_000,
-                aggr_us: 1_030_000
+                sample_us: 106_000,
+                aggr_us: 1_060_000
             }
         ));
         assert!(worth_commit(
             a,
             Intervals {
-                sample_us: 105_000,
-                aggr_us: 1_050_000
+                sample_us: 107_000,
+                aggr_us: 1_070_000
             }
         ));
         assert!(worth_commit(
             a,
             Intervals {
-                sample_us: 96_000,
-                aggr_us: 960_000
+                sample_us: 93_000,
+                aggr_us: 930_000
             }
         ));
         assert!(worth_commit(
