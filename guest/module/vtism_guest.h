@@ -45,6 +45,8 @@ unsigned int vt_code_of_hz(u64 hz, u32 dither);
 u64 vt_share_of_x(u64 x);
 u64 vt_exposure(u64 t_us, u64 w_us, u32 div);
 u64 vt_rate_add(u64 hz, u64 t_us, u64 w_us, bool young, u32 div);
+#define VT_FAST_OCTAVES 2	/* fast: x = rate w >= 2^2 (vt_fast_code) */
+unsigned int vt_fast_code(u64 w_us);
 s64 vt_idle_codes(u64 t_us, u64 w_us, u32 div);
 unsigned int vt_code_moved(unsigned int code, s64 d, u32 dither);
 unsigned int vt_level_of_code(s64 code);
@@ -111,7 +113,9 @@ struct vt_region {
 	u32 last_read_ms;	/* end of its last coarse window */
 	u32 last_burst_ms;	/* end of its last fine burst */
 	u32 ct_us;		/* decayed time of its coarse windows (the rate's exposure) */
-	u32 ft_us;		/* the same for its frames' fine windows */
+	u32 cs_us;		/* the same of its short coarse windows only (vt_fast_code) */
+	u32 ft_us;		/* the same for its frames' fine windows, long and short */
+	u32 fs_us;		/* and of the short fine windows only */
 	u16 crate;		/* region rate code: some page of it used, per second */
 	u16 crate_then;		/* crate when its frames were last measured */
 	u16 present;		/* present 4 KiB frames at its last burst (512 for a THP) */
@@ -321,6 +325,8 @@ struct vt_tracker {
 	u8 sweep;		/* sweep counter (wrapping), for the regions' stamps */
 	u64 region_burst_ns;	/* CPU per region per burst, averaged: sizes bursts */
 	u32 rng;		/* xorshift state: dithers the rounding of rate codes */
+	u64 cfast_period_ms;	/* the coarse period cfast_code is for... */
+	unsigned int cfast_code;	/* ...and the rate fast for it (vt_fast_code) */
 	u64 idle_t, idle_w;	/* last idle coarse window's exposure and length... */
 	s64 idle_d;		/* ...and what it did to a rate: regions of a chunk share it */
 	/* scratch of the passes */

@@ -163,6 +163,26 @@ u64 vt_rate_add(u64 hz, u64 t_us, u64 w_us, bool young, u32 div)
 }
 
 /*
+ * Long windows (the gap since a frame's last burst, the time since a region's last coarse read)
+ * and a rate that expects many accesses in them. Seen young, such a window says only "at least
+ * one access", next to nothing when the estimate expects x = rate w >= 4 (it would be idle with
+ * probability < 2%); yet vt_rate_add() counts the estimate's own accesses back with the window's
+ * whole length as weight, seconds against the short windows' milliseconds. Under a warm
+ * background, which touches every page in any long window, rates then stay where they were
+ * whatever the short windows see: a hot set that moved was still ranked by where it had been
+ * minutes later (docs/guest.md). So a rate at or above this code for a window of w_us is fast
+ * for it: its young long windows are left out, accesses and exposure both, and its prior weighs
+ * the short windows' exposure only. An idle long window always enters: that is real evidence.
+ */
+unsigned int vt_fast_code(u64 w_us)
+{
+	u64 hz = mul_u64_u64_div_u64(VT_US, VT_ONE, clamp_t(u64, w_us, 1, VT_T_MAX));
+
+	/* below the scale (w > 68 min): every rate it holds is fast */
+	return max_t(unsigned int, vt_code_of_hz(hz << VT_FAST_OCTAVES, 512), VT_RC_ZERO);
+}
+
+/*
  * What a window of w_us that did not see the page does to its rate after t_us of exposure: it
  * scales by td / (td + w), td = t decayed. In 1/1024 codes; S64_MIN when nothing came before
  * (the rate is then 0). Sums of these move a code through several idle windows at once.

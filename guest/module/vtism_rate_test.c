@@ -40,28 +40,87 @@ static double hz_of(unsigned int c)
 	return c ? exp2(((double)c - VT_RC_1HZ) / VT_RC_PER_OCTAVE) : 0;
 }
 
-/* a Poisson page of `rate` Hz through a repeating pattern of windows; geometric mean estimate */
+/*
+ * A page's rate through a repeating pattern of windows, w[0] the long one, as the module takes
+ * them (vtism_track.c, vt_frame_rate): a rate fast for the long window (vt_fast_code) weighs
+ * only the short windows' exposure before it and leaves that window out when it saw the page.
+ * t: all windows' exposure, s: the short ones'.
+ */
+struct page {
+	unsigned int code;
+	u64 t, s;
+};
+
+static void windows(struct page *p, const double *w, int n, u32 div, const bool *young)
+{
+	u64 l_us = (u64)(w[0] * 1e6), t_run;
+	bool fast = p->code && p->code >= vt_fast_code(l_us);
+	u64 hz = vt_hz_of_code(p->code);
+	int j;
+
+	t_run = fast ? p->s : p->t;
+	if (!(fast && young[0])) {
+		hz = vt_rate_add(hz, t_run, l_us, young[0], div);
+		t_run = vt_exposure(t_run, l_us, div);
+	}
+	p->t = vt_exposure(p->t, l_us, div);
+	for (j = 1; j < n; j++) {
+		u64 w_us = (u64)(w[j] * 1e6);
+
+		hz = vt_rate_add(hz, t_run, w_us, young[j], div);
+		t_run = vt_exposure(t_run, w_us, div);
+		p->t = vt_exposure(p->t, w_us, div);
+		p->s = vt_exposure(p->s, w_us, div);
+	}
+	p->code = vt_code_of_hz(hz, rand());
+}
+
+/* a Poisson page of `rate` Hz through the pattern; geometric mean estimate */
 static double estimate(double rate, const double *w, int n, u32 div, unsigned int seed)
 {
-	unsigned int code = 0, k;
-	u64 t = 0;
+	struct page p = { 0, 0, 0 };
+	bool young[8];
 	double sum = 0;
-	int cnt = 0;
+	int cnt = 0, j;
+	unsigned int k;
 
 	srand(seed);
-	for (k = 0; k < 40000; k++) {
-		double wk = w[k % (unsigned int)n];
-		u64 w_us = (u64)(wk * 1e6);
-		bool y = rand() < RAND_MAX * (1 - exp(-rate * wk));
-
-		code = vt_code_of_hz(vt_rate_add(vt_hz_of_code(code), t, w_us, y, div), rand());
-		t = vt_exposure(t, w_us, div);
-		if (k >= 2000 && k % n == (unsigned int)n - 1) {
-			sum += log2(code ? hz_of(code) : 1.0 / 1024);
+	for (k = 0; k < 40000 / (unsigned int)n; k++) {
+		for (j = 0; j < n; j++)
+			young[j] = rand() < RAND_MAX * (1 - exp(-rate * w[j]));
+		windows(&p, w, n, div, young);
+		if (k >= 2000 / (unsigned int)n) {
+			sum += log2(p.code ? hz_of(p.code) : 1.0 / 1024);
 			cnt++;
 		}
 	}
 	return exp2(sum / cnt);
+}
+
+/*
+ * A warm background touches every page in every long window: a page whose true rate changed
+ * must still get there through its short windows. Bursts of a young long window of gap_s and
+ * four windows of 40 ms, Poisson at true_hz, from an estimate of from_hz settled over many such
+ * bursts; the estimate after `bursts` of them.
+ */
+static double moved(double from_hz, double true_hz, double gap_s, int bursts, unsigned int seed)
+{
+	static double w[5] = { 0, 0.04, 0.04, 0.04, 0.04 };
+	struct page p = { 0, 0, 0 };
+	bool young[5] = { true };
+	int b, j;
+
+	srand(seed);
+	w[0] = gap_s;
+	/* settle: the page at from_hz through the same windows */
+	for (b = 0; b < 200 + bursts; b++) {
+		double r = b < 200 ? from_hz : true_hz;
+
+		for (j = 1; j < 5; j++)
+			young[j] = rand() < RAND_MAX * (1 - exp(-r * w[j]));
+		windows(&p, w, 5, 8, young);
+	}
+	return hz_of(p.code);
 }
 
 int main(void)
@@ -137,7 +196,24 @@ int main(void)
 		double ec = estimate(rates[i], coarse, 2, 48, 11 + i), ef = estimate(rates[i], fine, 5, 8, 21 + i);
 
 		check(ec / rates[i] < 1.5 && rates[i] / ec < 1.5, "coarse estimate", ec, rates[i]);
-		check(ef / rates[i] < 1.5 && rates[i] / ef < 1.5, "fine estimate", ef, rates[i]);
+		/* between 4 accesses per long window (1.3 Hz for 3 s) and ~1 per short window's
+		 * memory of 8 (4 Hz for 30 ms), the fine rate rests on a few young short windows: it
+		 * is noisy and its geometric mean low, by at most 2 */
+		if (rates[i] > 4.0 / fine[0] && rates[i] < 1 / (8 * fine[1]))
+			check(ef / rates[i] < 1.5 && rates[i] / ef < 2, "fine estimate, noisy band", ef, rates[i]);
+		else
+			check(ef / rates[i] < 1.5 && rates[i] / ef < 1.5, "fine estimate", ef, rates[i]);
+	}
+	/* and it ranks: the estimate grows with the rate, 0.1 Hz to 400 Hz in doublings */
+	{
+		double r, last = 0;
+
+		for (r = 0.1; r < 400; r *= 2) {
+			double e = estimate(r, fine, 5, 8, 41);
+
+			check(e > last, "fine estimate ranks", e, last);
+			last = e;
+		}
 	}
 	/* faster pages: as far as the short windows tell them (x = rW up to a few) */
 	{
@@ -152,6 +228,26 @@ int main(void)
 		double e = estimate(10000, fine + 1, 4, 8, 5);
 
 		check(e > 2 / 0.03 && e < 1000, "saturated", e, 5 / 0.03);
+	}
+
+	/* a hot set that moved under a warm background (docs/guest.md): the old hot pages (60 Hz,
+	 * now 2) and the new ones (2 Hz, now 60) cross within 5 bursts, whatever the gap, and the
+	 * new ones pass 20 Hz; geometric means of 20 seeds (counting young long windows as other
+	 * windows, the old ones stayed near 60 Hz and the new ones under 5 for 10 bursts) */
+	{
+		static const double gaps[] = { 5, 30 };
+
+		for (i = 0; i < 2; i++) {
+			double down = 0, up = 0;
+			unsigned int k;
+
+			for (k = 0; k < 20; k++) {
+				down += log2(moved(60, 2, gaps[i], 5, 100 + k)) / 20;
+				up += log2(moved(2, 60, gaps[i], 5, 200 + k)) / 20;
+			}
+			check(exp2(down) < exp2(up), "old and new hot cross (gap)", gaps[i], 0);
+			check(exp2(up) > 20, "new hot warms (gap)", exp2(up), gaps[i]);
+		}
 	}
 
 	printf("vtism_rate_test: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);

@@ -8,7 +8,7 @@
  * reaped, so its mm_struct is never freed and reused for another process while the table is
  * keyed by it; its pages are only ever walked under mmget_not_zero() (mm_users). Regions live
  * in chunks of 64 found through an xarray on the region index >> 6, so memory follows the
- * address space that is mapped, not its size: 48 bytes per region (plus the chunk's slack) and
+ * address space that is mapped, not its size: 56 bytes per region (plus the chunk's slack) and
  * 8 bytes per 4 KiB frame of a region with frame words (4 KiB per region, the size of the PTE
  * table itself).
  *
@@ -22,7 +22,7 @@
 
 #include "vtism_guest.h"
 
-static_assert(sizeof(struct vt_region) <= 48);
+static_assert(sizeof(struct vt_region) <= 56);
 
 void vt_table_init(struct vt_table *t)
 {

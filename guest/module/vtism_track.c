@@ -45,21 +45,42 @@
 /* HMM-V's do-not-disturb time unit: level x is left alone for 0.6 s * 2^(x-1) */
 #define VT_DND_UNIT_MS 600
 
-/* One coarse window of w_us averaged into the region's rate. */
-static void vt_region_window(struct vt_tracker *tr, struct vt_region *r, u64 w_us, bool young)
+/* The rate fast for a coarse period (vt_fast_code): its young long windows say nothing */
+static unsigned int vt_coarse_fast_code(struct vt_tracker *tr)
 {
-	if (young)
-		r->crate = vt_code_of_hz(vt_rate_add(vt_hz_of_code(r->crate), r->ct_us, w_us, true,
+	u64 p = READ_ONCE(vt_coarse_period_ms);
+
+	if (p != tr->cfast_period_ms) {
+		tr->cfast_period_ms = p;
+		tr->cfast_code = vt_fast_code(p * USEC_PER_MSEC);
+	}
+	return tr->cfast_code;
+}
+
+/*
+ * One coarse window of w_us averaged into the region's rate; long_w: the one since the last
+ * read. A fast region's rate weighs its short windows only (vt_fast_code).
+ */
+static void vt_region_window(struct vt_tracker *tr, struct vt_region *r, u64 w_us, bool young,
+			     bool long_w)
+{
+	bool fast = r->crate >= vt_coarse_fast_code(tr);
+	u64 t = fast ? r->cs_us : r->ct_us;
+
+	if (young && !(fast && long_w))
+		r->crate = vt_code_of_hz(vt_rate_add(vt_hz_of_code(r->crate), t, w_us, true,
 						     VT_COARSE_DIV), vt_dither(tr));
-	else if (r->crate) {
-		if (r->ct_us != tr->idle_t || w_us != tr->idle_w) {
-			tr->idle_t = r->ct_us;
+	else if (!young && r->crate) {
+		if (t != tr->idle_t || w_us != tr->idle_w) {
+			tr->idle_t = t;
 			tr->idle_w = w_us;
-			tr->idle_d = vt_idle_codes(r->ct_us, w_us, VT_COARSE_DIV);
+			tr->idle_d = vt_idle_codes(t, w_us, VT_COARSE_DIV);
 		}
 		r->crate = vt_code_moved(r->crate, tr->idle_d, vt_dither(tr));
 	}
 	r->ct_us = min_t(u64, vt_exposure(r->ct_us, w_us, VT_COARSE_DIV), U32_MAX);
+	if (!long_w)
+		r->cs_us = min_t(u64, vt_exposure(r->cs_us, w_us, VT_COARSE_DIV), U32_MAX);
 }
 
 void vt_coarse_observe(struct vt_tracker *tr, struct vt_region *r, bool young, bool read)
@@ -72,11 +93,11 @@ void vt_coarse_observe(struct vt_tracker *tr, struct vt_region *r, bool young, b
 			u32 l = now_ms - r->last_read_ms;
 
 			if (l)
-				vt_region_window(tr, r, (u64)l * USEC_PER_MSEC, young);
+				vt_region_window(tr, r, (u64)l * USEC_PER_MSEC, young, true);
 		}
 		return;
 	}
-	vt_region_window(tr, r, max_t(u64, tr->wc_eff_us, 1), young);
+	vt_region_window(tr, r, max_t(u64, tr->wc_eff_us, 1), young, false);
 	r->last_read_ms = now_ms;
 	r->flags |= VT_R_READ;
 	if (young) {
@@ -124,7 +145,9 @@ void vt_update_goal(struct vt_tracker *tr, u64 fast_quota_bytes)
 
 /*
  * The windows of one region's burst: the long one since its last burst (if it had one), then
- * m of w_us. The region's exposure through them, and what they do to a rate that saw nothing.
+ * m of w_us. The region's exposure through them, and what they do to a rate that saw nothing;
+ * the same for a rate fast for the long window (vt_fast_code), whose prior is the short
+ * windows' exposure.
  */
 struct vt_burst_windows {
 	unsigned int m;
@@ -132,14 +155,31 @@ struct vt_burst_windows {
 	u64 long_us, w_us;
 	u64 t[VT_BURST_MAX_WINDOWS + 2];	/* exposure before window i (0: the long one) */
 	s64 idle;				/* codes a rate moves by through all of them, unseen */
+	unsigned int fast_code;
+	u64 s0, s1, s_end;	/* a fast rate's exposure: before and after the long window, short only */
+	s64 idle_fast;
 	u64 interval_ms;			/* between the region's bursts: do-not-disturb times */
 };
+
+/* codes an unseen rate moves by through the m short windows from exposure t; *t: after them */
+static s64 vt_short_idle(u64 *t, u64 w_us, unsigned int m, s64 idle)
+{
+	unsigned int j;
+	s64 d;
+
+	for (j = 0; j < m; j++) {
+		d = vt_idle_codes(*t, w_us, VT_FINE_DIV);
+		idle = (d == S64_MIN || idle == S64_MIN) ? S64_MIN : idle + d;
+		*t = vt_exposure(*t, w_us, VT_FINE_DIV);
+	}
+	return idle;
+}
 
 static void vt_burst_windows_init(struct vt_burst_windows *bw, const struct vt_burst *b,
 				  const struct vt_region *r, const struct vt_tracker *tr)
 {
 	unsigned int j;
-	s64 d;
+	u64 t;
 
 	bw->m = b->m;
 	bw->w_us = max_t(u64, div_u64(b->t_pass_ns[b->m] - b->t_pass_ns[0], b->m * NSEC_PER_USEC), 1);
@@ -150,30 +190,39 @@ static void vt_burst_windows_init(struct vt_burst_windows *bw, const struct vt_b
 	bw->t[0] = r->ft_us;
 	bw->t[1] = bw->has_long ? vt_exposure(r->ft_us, bw->long_us, VT_FINE_DIV) : r->ft_us;
 	bw->idle = bw->has_long ? vt_idle_codes(r->ft_us, bw->long_us, VT_FINE_DIV) : 0;
-	for (j = 1; j <= bw->m; j++) {
+	t = bw->t[1];
+	bw->idle = vt_short_idle(&t, bw->w_us, bw->m, bw->idle);
+	for (j = 1; j <= bw->m; j++)
 		bw->t[j + 1] = vt_exposure(bw->t[j], bw->w_us, VT_FINE_DIV);
-		d = vt_idle_codes(bw->t[j], bw->w_us, VT_FINE_DIV);
-		bw->idle = (d == S64_MIN || bw->idle == S64_MIN) ? S64_MIN : bw->idle + d;
-	}
+	bw->fast_code = bw->has_long ? vt_fast_code(bw->long_us) : VT_RC_MAX + 1;
+	bw->s0 = r->fs_us;
+	bw->s1 = bw->has_long ? vt_exposure(r->fs_us, bw->long_us, VT_FINE_DIV) : r->fs_us;
+	t = bw->s1;
+	bw->idle_fast = vt_short_idle(&t, bw->w_us, bw->m,
+				      bw->has_long ? vt_idle_codes(r->fs_us, bw->long_us, VT_FINE_DIV) : 0);
+	t = r->fs_us;
+	vt_short_idle(&t, bw->w_us, bw->m, 0);
+	bw->s_end = t;
 }
 
 /* A frame's rate through the burst's windows; y: bit j-1 = window j, VT_BY_LONG */
 static unsigned int vt_frame_rate(const struct vt_burst_windows *bw, unsigned int code, u8 y,
 				  bool first, bool long_valid, u32 dither)
 {
+	bool fast = !first && code >= bw->fast_code;
 	unsigned int j;
 	u64 hz, t;
 
 	y &= (u8)(BIT(bw->m) - 1) | VT_BY_LONG;
 	if (!first && !y)
-		return vt_code_moved(code, bw->idle, dither);
+		return vt_code_moved(code, fast ? bw->idle_fast : bw->idle, dither);
 	hz = first ? 0 : vt_hz_of_code(code);
-	t = first ? 0 : bw->t[0];
-	if (!first && bw->has_long) {
-		/* a bit left set by do-not-disturb says nothing about the long window */
-		if (long_valid)
-			hz = vt_rate_add(hz, t, bw->long_us, y & VT_BY_LONG, VT_FINE_DIV);
-		t = bw->t[1];
+	t = first ? 0 : fast ? bw->s0 : bw->t[0];
+	/* a bit left set by do-not-disturb says nothing about the long window, nor does a young
+	 * one to a fast rate */
+	if (!first && bw->has_long && long_valid && !(fast && (y & VT_BY_LONG))) {
+		hz = vt_rate_add(hz, t, bw->long_us, y & VT_BY_LONG, VT_FINE_DIV);
+		t = fast ? bw->s1 : bw->t[1];
 	}
 	for (j = 0; j < bw->m; j++) {
 		hz = vt_rate_add(hz, t, bw->w_us, y & BIT(j), VT_FINE_DIV);
@@ -285,6 +334,7 @@ void vt_burst_land_region(struct vt_tracker *tr, struct vt_burst *b, struct vt_b
 	else
 		r->flags &= ~VT_R_UNCLEARED;
 	r->ft_us = min_t(u64, bw.t[m + 1], U32_MAX);
+	r->fs_us = min_t(u64, bw.s_end, U32_MAX);
 	tr->tracked_frames += present;
 	tr->tracked_frames -= min_t(u64, r->present, tr->tracked_frames);
 	r->present = present;
