@@ -189,7 +189,7 @@ grep -q '^VTGT ready' /tmp/wl.log && result workload ok "pid $WL" || result work
 phase quota-1
 wait_rounds 3 120
 wait_settled 4 300
-wait_rounds 4 120
+wait_rounds 2 120
 phase steady
 stats steady-start
 wait_rounds 8 300
@@ -202,7 +202,8 @@ wait_rounds 2 120
 phase feedback
 wait_rounds 3 180
 phase feedback-end
-wait_rounds 3 180
+# the check reads the first round after the one in flight at the reset
+wait_rounds 2 180
 
 # a larger quota: longer windows (the boundary moves into the warm pages)
 phase quota-2
