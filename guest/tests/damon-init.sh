@@ -1,8 +1,15 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 #
-# /init of the DAMON-agent e2e guest (run-damon-e2e.sh): the same protocol lines as
-# guest-init.sh (VTPHASE, VTGT, VTSTAT, VTRESULT, VTDONE), with `vtism guest` as the tracker.
+# /init of the DAMON-agent e2e guest (run-damon-e2e.sh). Protocol lines for damonmon.py:
+# VTPHASE <name> round=<n>, VTGT (the workload's ground truth), VTSTAT <phase> <name> <value>
+# (the agent's --stats-file), VTRESULT <check> ok|fail <detail>, VTDONE.
+#
+# 1. Coexistence, before any workload: a sysfs kdamond of this script's (configured, then
+#    running) and DAMON_RECLAIM; the agent must never touch them and wait while they hold DAMON.
+# 2. The warm workload (warm_workload.c) under the host's quota: the agent's rates, its
+#    intervals loop, the host's feedback, a second quota.
+# 3. SIGTERM, and DAMON_RECLAIM after the agent, with its parameters as before.
 
 export PATH=/bin:/sbin
 /bin/busybox --install -s /bin
@@ -17,25 +24,60 @@ echo 0 >/proc/sys/vm/compaction_proactiveness 2>/dev/null
 echo 0 >/proc/sys/vm/compact_unevictable_allowed
 
 D=/sys/kernel/mm/damon/admin/kdamonds
+R=/sys/module/damon_reclaim/parameters
 ARGS=$(sed -n 's/.*vtism.agent=\([^ ]*\).*/\1/p' /proc/cmdline | tr , ' ')
+WL_ARGS=$(sed -n 's/.*vtism.workload=\([^ ]*\).*/\1/p' /proc/cmdline | tr , ' ')
 RF=/tmp/rounds
+ST=/tmp/stats
 
 say() { echo "$*"; }
 result() { say "VTRESULT $1 $2 $3"; }
 rounds() { cat $RF 2>/dev/null || echo 0; }
 phase() { say "VTPHASE $1 round=$(rounds)"; }
+stats() { [ -f $ST ] && sed "s/^/VTSTAT $1 /" $ST; }
+stat_of() { sed -n "s/^$1 //p" $ST 2>/dev/null; }
+# wait_rounds N [seconds]: N more rounds published
 wait_rounds() {
 	target=$(($(rounds) + $1)); t=0
 	while [ "$(rounds)" -lt $target ]; do
-		sleep 0.2; t=$((t + 1))
-		[ $t -lt $((${2:-60} * 5)) ] || { say "VTLOG wait_rounds $1 timed out"; return 1; }
+		sleep 0.5; t=$((t + 1))
+		[ $t -lt $((${2:-120} * 2)) ] || { say "VTLOG wait_rounds $1 timed out"; return 1; }
 	done
 }
-# the agent's options as the checker's "parameters": --interval-k 1 -> param_interval_k 1
-params() {
-	set -- $ARGS
-	while [ $# -ge 2 ]; do
-		n=${1#--}; say "VTSTAT steady $(echo "param_$n" | tr - _) $2"; shift 2
+# wait_settled N [seconds]: the intervals loop made no commit for N rounds in a row
+wait_settled() {
+	t=0; c=$(stat_of attr_commits); since=$(rounds)
+	while [ $(($(rounds) - since)) -lt $1 ]; do
+		sleep 0.5; t=$((t + 1))
+		n=$(stat_of attr_commits)
+		[ "$n" = "$c" ] || { c=$n; since=$(rounds); }
+		[ $t -lt $((${2:-300} * 2)) ] || { say "VTLOG wait_settled $1 timed out"; return 1; }
+	done
+}
+# a DAMON sysfs file; reads fail (EBUSY) while a command holds DAMON's sysfs lock, which the
+# agent's update_schemes_tried_regions does for up to two aggregations: retry for up to 60 s
+damon_cat() {
+	n=0
+	while [ $n -lt 300 ]; do
+		cat "$1" 2>/dev/null && return 0
+		sleep 0.2; n=$((n + 1))
+	done
+	echo "?"
+}
+# the test's own sysfs kdamond 0 as text: everything the agent must leave alone
+kdamond0() {
+	c=$D/0/contexts/0
+	echo "nr=$(cat $D/nr_kdamonds) state=$(cat $D/0/state) pid=$(cat $D/0/pid)" \
+		"ops=$(cat $c/operations) sample=$(cat $c/monitoring_attrs/intervals/sample_us)" \
+		"aggr=$(cat $c/monitoring_attrs/intervals/aggr_us)" \
+		"regions=$(cat $c/monitoring_attrs/nr_regions/min)-$(cat $c/monitoring_attrs/nr_regions/max)" \
+		"targets=$(cat $c/targets/nr_targets) target=$(cat $c/targets/0/pid_target)" \
+		"schemes=$(cat $c/schemes/nr_schemes)"
+}
+# DAMON_RECLAIM's parameters but enabled and kdamond_pid
+reclaim_params() {
+	for f in $R/*; do
+		case ${f##*/} in enabled | kdamond_pid) ;; *) printf '%s=%s ' "${f##*/}" "$(cat $f)" ;; esac
 	done
 }
 finish() {
@@ -47,37 +89,94 @@ finish() {
 	poweroff -f
 }
 
-say "VTBOOT $(uname -r) agent=$ARGS"
+say "VTBOOT $(uname -r) agent=$ARGS workload=$WL_ARGS"
 grep 'System RAM' /proc/iomem | sed 's/^ */VTRAM /'
-[ -d $D ] || { result damon fail "no DAMON sysfs"; finish; }
+[ -d $D ] && [ -d $R ] || { result damon fail "no DAMON sysfs or DAMON_RECLAIM"; finish; }
 
-# ---- a kdamond that is not ours: the agent must refuse and leave it untouched ----
+# ---- 1a. a configured sysfs kdamond that is not the agent's: --if-busy exit refuses ----
+sleep 100000 &
+TARGET=$!
 echo 1 >$D/nr_kdamonds
 echo 1 >$D/0/contexts/nr_contexts
-echo vaddr >$D/0/contexts/0/operations
-if /bin/vtism guest $ARGS --rounds 1 >/tmp/refuse.log 2>&1; then
-	result refuses-foreign fail "the agent ran beside a foreign kdamond"
-elif [ "$(cat $D/nr_kdamonds)" = 1 ] && [ "$(cat $D/0/contexts/nr_contexts)" = 1 ] &&
-	[ "$(cat $D/0/contexts/0/operations)" = vaddr ] && [ "$(cat $D/0/state)" = off ]; then
-	result refuses-foreign ok "$(tail -n 1 /tmp/refuse.log)"
+c=$D/0/contexts/0
+echo vaddr >$c/operations
+echo 1 >$c/targets/nr_targets
+echo $TARGET >$c/targets/0/pid_target
+echo 7000 >$c/monitoring_attrs/intervals/sample_us
+echo 140000 >$c/monitoring_attrs/intervals/aggr_us
+before=$(kdamond0)
+if /bin/vtism guest $ARGS --if-busy exit --rounds 1 >/tmp/refuse.log 2>&1; then
+	result busy-exit fail "the agent ran beside a foreign kdamond"
+elif [ "$(kdamond0)" = "$before" ]; then
+	result busy-exit ok "$(tail -n 1 /tmp/refuse.log | cut -c1-300)"
 else
-	result refuses-foreign fail "the foreign kdamond's configuration changed"
+	result busy-exit fail "the foreign kdamond changed: $before -> $(kdamond0)"
 fi
-echo 0 >$D/nr_kdamonds
 
-# ---- start the agent ----
-/bin/vtism guest $ARGS --status-file $RF --stats-file /tmp/stats >/tmp/agent.log 2>&1 &
+# ---- 1b. the same kdamond running: the agent waits, touching nothing, and stops on SIGTERM ----
+echo on >$D/0/state
+before=$(kdamond0)
+/bin/vtism guest $ARGS --status-file /tmp/rounds-1b >/tmp/wait.log 2>&1 &
 AG=$!
-if wait_rounds 1 60; then
-	result start ok "kdamond pid $(cat $D/0/pid), ops $(cat $D/0/contexts/0/operations), state $(cat $D/0/state)"
+sleep 8
+mid=$(kdamond0)
+kill -TERM $AG
+wait $AG
+rc=$?
+after=$(kdamond0)
+if [ -f /tmp/rounds-1b ]; then
+	result waits-beside-sysfs fail "the agent published beside a running foreign kdamond"
+elif [ "$mid" != "$before" ] || [ "$after" != "$before" ]; then
+	result waits-beside-sysfs fail "the foreign kdamond changed: $before -> $mid -> $after"
+elif [ $rc -ne 0 ] || ! grep -q 'waiting until it is free' /tmp/wait.log; then
+	result waits-beside-sysfs fail "exit $rc: $(tail -n 2 /tmp/wait.log)"
+else
+	result waits-beside-sysfs ok "8 s beside it, exit 0 on SIGTERM, unchanged: $after"
+fi
+echo off >$D/0/state
+echo 0 >$D/nr_kdamonds
+kill $TARGET
+
+# ---- 1c. DAMON_RECLAIM (exclusive): the agent waits, then starts once it is disabled ----
+if echo Y >$R/enabled && [ "$(cat $R/kdamond_pid)" -gt 0 ]; then
+	rpid=$(cat $R/kdamond_pid)
+	rparams=$(reclaim_params)
+	/bin/vtism guest $ARGS --busy-poll-ms 1000 --status-file $RF --stats-file $ST \
+		>/tmp/agent.log 2>&1 &
+	AG=$!
+	sleep 8
+	if [ -f $RF ] || [ "$(cat $D/nr_kdamonds)" != 0 ] || [ "$(cat $R/kdamond_pid)" != "$rpid" ] ||
+		[ "$(reclaim_params)" != "$rparams" ] || ! kill -0 $AG; then
+		result waits-beside-reclaim fail "rounds $(rounds), nr_kdamonds $(cat $D/nr_kdamonds), reclaim pid $rpid -> $(cat $R/kdamond_pid), $(tail -n 2 /tmp/agent.log)"
+	else
+		result waits-beside-reclaim ok "8 s, no kdamond directory, DAMON_RECLAIM pid $rpid and parameters unchanged"
+	fi
+	echo N >$R/enabled
+else
+	result waits-beside-reclaim fail "DAMON_RECLAIM did not start: enabled=$(cat $R/enabled) pid=$(cat $R/kdamond_pid)"
+	/bin/vtism guest $ARGS --status-file $RF --stats-file $ST >/tmp/agent.log 2>&1 &
+	AG=$!
+fi
+if wait_rounds 1 60 && [ "$(damon_cat $D/0/state)" = on ]; then
+	result start ok "after DAMON_RECLAIM stopped: kdamond pid $(damon_cat $D/0/pid), ops $(damon_cat $D/0/contexts/0/operations), state on"
 else
 	cat /tmp/agent.log
 	result start fail "no first round"
 	finish
 fi
+# while the agent runs, DAMON_RECLAIM cannot start (the kernel says EBUSY), and the agent goes on
+r0=$(rounds)
+if echo Y >$R/enabled 2>/tmp/reclaim.err; then
+	result exclusive-while-running fail "DAMON_RECLAIM started beside the agent (pid $(cat $R/kdamond_pid))"
+	echo N >$R/enabled
+elif wait_rounds 2 60 && [ "$(cat $R/enabled)" = N ] && [ "$(damon_cat $D/0/state)" = on ]; then
+	result exclusive-while-running ok "enabling DAMON_RECLAIM: $(cut -d: -f2- /tmp/reclaim.err); the agent went on (rounds $r0 -> $(rounds))"
+else
+	result exclusive-while-running fail "enabled=$(cat $R/enabled), state $(cat $D/0/state), rounds $r0 -> $(rounds)"
+fi
 
-/bin/vtism-workload run --hot-anon 1024 --hot-anon-ro 256 --hot-file 256 --hot-shmem 256 --thp 2 \
-	--cold-anon 4096 --cold-period 5 --rounds-file $RF >/tmp/wl.log 2>&1 &
+# ---- 2. the warm workload ----
+/bin/vtism-workload $WL_ARGS >/tmp/wl.log 2>&1 &
 WL=$!
 t=0
 until grep -q '^VTGT ready' /tmp/wl.log; do
@@ -86,37 +185,58 @@ until grep -q '^VTGT ready' /tmp/wl.log; do
 done
 cat /tmp/wl.log
 grep -q '^VTGT ready' /tmp/wl.log && result workload ok "pid $WL" || result workload fail "no ground truth"
-
-# DAMON's regions adapt to the access pattern over tens of aggregations: let them settle
-wait_rounds 20 120
+# the host writes its first quota now
+phase quota-1
+wait_rounds 3 120
+wait_settled 4 300
+wait_rounds 2 120
 phase steady
-params
-wait_rounds 6
+stats steady-start
+wait_rounds 8 300
+stats steady
 phase steady-end
 
-# ---- host feedback ----
+# host feedback: an entry budget and a floor on the round period above the rounds' own
 phase feedback-request
-wait_rounds 2 60
+wait_rounds 2 120
 phase feedback
-wait_rounds 4 60
+wait_rounds 3 180
 phase feedback-end
-wait_rounds 5 60
-phase fast
+# the check reads the first round after the one in flight at the reset
+wait_rounds 2 180
 
-sed 's/^/VTAGENTSTAT /' /tmp/stats
+# a larger quota: longer windows (the boundary moves into the warm pages)
+phase quota-2
+wait_rounds 2 120
+wait_settled 3 300
+phase quota-2-steady
+stats quota-2-start
+wait_rounds 3 300
+stats quota-2
+phase quota-2-end
+
+grep '^VTGT rate' /tmp/wl.log | tail -n 1
 kill $WL
 wait $WL
 tail -n 1 /tmp/wl.log
 
-# ---- SIGTERM: the agent turns its kdamond off and removes it ----
+# ---- 3. SIGTERM: the agent turns its kdamond off and removes it ----
 kill -TERM $AG
 wait $AG
 rc=$?
-cat /tmp/agent.log | tail -n 5 | sed 's/^/VTLOG agent: /'
+tail -n 5 /tmp/agent.log | sed 's/^/VTLOG agent: /'
 if [ $rc -eq 0 ] && [ "$(cat $D/nr_kdamonds)" = 0 ]; then
 	result agent-exit ok "exit 0, nr_kdamonds 0"
 else
 	result agent-exit fail "exit $rc, nr_kdamonds $(cat $D/nr_kdamonds)"
 fi
 phase exit
+# DAMON_RECLAIM again, as it was before the agent ran
+if [ -n "${rparams:-}" ] && echo Y >$R/enabled && [ "$(cat $R/kdamond_pid)" -gt 0 ] &&
+	[ "$(reclaim_params)" = "$rparams" ]; then
+	result reclaim-after ok "enabled again (kdamond pid $(cat $R/kdamond_pid)), parameters as before"
+else
+	result reclaim-after fail "enabled=$(cat $R/enabled) pid=$(cat $R/kdamond_pid) params $(reclaim_params)"
+fi
+echo N >$R/enabled
 finish

@@ -1,47 +1,28 @@
-//! The agent's loop: one DAMON aggregation per round, history, publication, adaptive pacing.
+//! The agent's loop: wait until DAMON is free, then per aggregation: shares, publication, the
+//! intervals loop and confirmation.
 
 use crate::confirm::{self, Confirm};
-use crate::damon::{Attrs, Kdamond};
-use crate::history::History;
+use crate::damon::{Attrs, Busy, Kdamond, Region, Start};
+use crate::frames::Frames;
+use crate::intervals::{self, Intervals, Limit, LoopParams, Observation};
 use crate::kpageflags::KpageFlags;
-use crate::{iomem, pci};
+use crate::{cpu, iomem, pci};
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 use vtism_proto::layout::{off, MAGIC};
 use vtism_proto::{
-    ChannelVersion, ChannelWriter, MmapRegion, RoundMeta, SharedRegion, Tracker, WriterConfig,
+    ChannelVersion, ChannelWriter, Micros, MmapRegion, RoundMeta, SharedRegion, Tracker,
+    TrackerReport, WriterConfig,
 };
 
-/// The adaptive interval, as the module computes it: T = (K·Ts + Kb)·Ts + Tbase ms with Ts the
-/// round's cost in ms, in integer arithmetic on µs, then capped by `max_ms` (0 = no cap).
-pub fn interval_ms(cost_us: u64, k: u64, kb: u64, base_ms: u64, max_ms: u64) -> u32 {
-    let us = u128::from(cost_us);
-    let t = (u128::from(k).saturating_mul(us).saturating_mul(us) / 1000)
-        .saturating_add(u128::from(kb).saturating_mul(us))
-        / 1000
-        + u128::from(base_ms);
-    let t = if max_ms > 0 {
-        t.min(u128::from(max_ms))
-    } else {
-        t
-    };
-    t.min(u128::from(u32::MAX)) as u32
-}
-
-/// DAMON attributes for a round of `t_ms`: the aggregation interval is the round, split into
-/// `samples` sampling intervals (at least 1 ms each); regions are re-split every aggregation.
-pub fn attrs_for(t_ms: u32, samples: u32, min_regions: u64, max_regions: u64) -> Attrs {
-    let aggr_us = u64::from(t_ms.max(1)) * 1000;
-    let sample_us = (aggr_us / u64::from(samples.max(1))).max(1000).min(aggr_us);
-    Attrs {
-        sample_us,
-        aggr_us,
-        update_us: aggr_us,
-        min_nr_regions: min_regions,
-        max_nr_regions: max_regions,
-    }
+/// What to do while DAMON is in use by someone else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IfBusy {
+    /// Wait (touching nothing) until DAMON is free, then start.
+    Wait,
+    /// Exit with an error.
+    Exit,
 }
 
 /// Everything the loop needs from the command line.
@@ -50,23 +31,23 @@ pub struct Config {
     pub channel: Option<PathBuf>,
     pub pci_devices: PathBuf,
     pub damon_root: PathBuf,
+    pub modules_root: PathBuf,
+    pub proc_root: PathBuf,
     pub iomem: PathBuf,
     pub kpageflags: PathBuf,
-    pub interval_k: u64,
-    pub interval_kb: u64,
-    pub interval_base_ms: u64,
-    pub interval_max_ms: u64,
-    pub samples: u32,
+    pub loop_params: LoopParams,
+    /// The first sampling interval, µs.
+    pub sample_us: u64,
     pub min_nr_regions: u64,
     pub max_nr_regions: u64,
-    pub history_rounds: u32,
-    pub hot_threshold: u32,
-    pub min_accesses: u32,
     pub max_entries: u64,
-    /// At most this many frames (units) keep a history (the coldest are evicted).
+    /// At most this many frames (units) keep a share (the coldest are evicted).
     pub max_tracked: usize,
     /// At most this many frames get DAMON regions of their own (0 = no confirmation).
     pub confirm_frames: usize,
+    pub if_busy: IfBusy,
+    /// How often to look again whether DAMON is free, ms.
+    pub busy_poll_ms: u64,
     pub rounds: u64,
     pub claim_any: bool,
     /// Written with the last published round number after each round.
@@ -81,8 +62,14 @@ pub struct Stats {
     pub rounds: u64,
     pub last_entries: u64,
     pub last_hot_frames: u64,
-    pub last_cost_us: u64,
-    pub last_interval_ms: u64,
+    pub sample_us: u64,
+    pub aggr_us: u64,
+    /// Access events of the last aggregation over those possible, and the goal, ppm.
+    pub access_ppm: u64,
+    pub goal_ppm: u64,
+    /// What held the sampling interval: 0 the goal, 1 the CPU budget, 2 a bound.
+    pub limit: u64,
+    pub quota_bytes: u64,
     pub last_regions: u64,
     pub tracked: u64,
     pub max_tracked: u64,
@@ -90,7 +77,18 @@ pub struct Stats {
     pub confirmed: u64,
     pub confirm_cap: u64,
     pub confirm_commits: u64,
+    pub attr_commits: u64,
     pub overflow_rounds: u64,
+    /// Sampling intervals since DAMON started.
+    pub windows: u64,
+    /// CPU of the kdamond and of the agent since DAMON started, and the last round's, µs.
+    pub kdamond_cpu_us: u64,
+    pub agent_cpu_us: u64,
+    pub last_tracker_cpu_us: u64,
+    /// Time since DAMON started, µs.
+    pub elapsed_us: u64,
+    /// Time spent waiting for DAMON to be free, ms.
+    pub waited_ms: u64,
 }
 
 impl Stats {
@@ -100,8 +98,12 @@ impl Stats {
             rounds,
             last_entries,
             last_hot_frames,
-            last_cost_us,
-            last_interval_ms,
+            sample_us,
+            aggr_us,
+            access_ppm,
+            goal_ppm,
+            limit,
+            quota_bytes,
             last_regions,
             tracked,
             max_tracked,
@@ -109,14 +111,25 @@ impl Stats {
             confirmed,
             confirm_cap,
             confirm_commits,
+            attr_commits,
             overflow_rounds,
+            windows,
+            kdamond_cpu_us,
+            agent_cpu_us,
+            last_tracker_cpu_us,
+            elapsed_us,
+            waited_ms,
         } = self;
         [
             ("rounds", rounds),
             ("last_entries", last_entries),
             ("last_hot_frames", last_hot_frames),
-            ("last_cost_us", last_cost_us),
-            ("last_interval_ms", last_interval_ms),
+            ("sample_us", sample_us),
+            ("aggr_us", aggr_us),
+            ("access_ppm", access_ppm),
+            ("goal_ppm", goal_ppm),
+            ("limit", limit),
+            ("quota_bytes", quota_bytes),
             ("last_regions", last_regions),
             ("tracked", tracked),
             ("max_tracked", max_tracked),
@@ -124,7 +137,14 @@ impl Stats {
             ("confirmed", confirmed),
             ("confirm_cap", confirm_cap),
             ("confirm_commits", confirm_commits),
+            ("attr_commits", attr_commits),
             ("overflow_rounds", overflow_rounds),
+            ("windows", windows),
+            ("kdamond_cpu_us", kdamond_cpu_us),
+            ("agent_cpu_us", agent_cpu_us),
+            ("last_tracker_cpu_us", last_tracker_cpu_us),
+            ("elapsed_us", elapsed_us),
+            ("waited_ms", waited_ms),
         ]
         .iter()
         .map(|(n, v)| format!("{n} {v}\n"))
@@ -140,8 +160,65 @@ pub fn confirm_cap(wanted: usize, max_regions: u64, ram_ranges: usize) -> usize 
     wanted.min(usize::try_from(room).unwrap_or(usize::MAX))
 }
 
+/// DAMON attributes for intervals: regions are re-checked (paddr has nothing to update) once
+/// per aggregation.
+pub fn attrs_for(iv: Intervals, min_regions: u64, max_regions: u64) -> Attrs {
+    Attrs {
+        sample_us: iv.sample_us,
+        aggr_us: iv.aggr_us,
+        update_us: iv.aggr_us,
+        min_nr_regions: min_regions,
+        max_nr_regions: max_regions,
+    }
+}
+
+/// The intervals to start with: `sample_us` within the bounds, an aggregation of at least its
+/// share of a round and `aggr_samples_min` samples.
+pub fn first_intervals(p: &LoopParams, sample_us: u64) -> Intervals {
+    let s = sample_us.clamp(p.sample_min_us.max(1), p.sample_max_us.max(p.sample_min_us));
+    let n = (p.round_min_us / intervals::AGGREGATIONS_PER_ROUND)
+        .div_ceil(s)
+        .max(p.aggr_samples_min)
+        .max(1);
+    Intervals {
+        sample_us: s,
+        aggr_us: n * s,
+    }
+}
+
+/// Access events over those possible in an aggregation: bytes times samples found young, over
+/// all monitored bytes times the samples (DAMON's `intervals_goal` score, size-weighted).
+pub fn access_share(regions: &[Region], samples: u64, monitored_bytes: u64) -> f64 {
+    if monitored_bytes == 0 || samples == 0 {
+        return 0.0;
+    }
+    let events: f64 = regions
+        .iter()
+        .map(|r| (r.end - r.start) as f64 * u64::from(r.nr_accesses).min(samples) as f64)
+        .sum();
+    events / (monitored_bytes as f64 * samples as f64)
+}
+
+fn sat_u32(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+/// The v1.1 tracker report. DAMON has one kind of window: every sampling interval is a window
+/// of every region, so the sampling interval is both the fine and the coarse window, and
+/// `windows` counts sampling intervals. `tracked` counts frames and 2 MiB units with a share.
+pub fn tracker_report(iv: Intervals, windows: u64, cpu_us: u64, tracked: usize) -> TrackerReport {
+    let w = Micros(sat_u32(iv.sample_us));
+    TrackerReport {
+        window: w,
+        coarse_window: w,
+        windows: sat_u32(windows),
+        tracker_cpu: Micros(sat_u32(cpu_us)),
+        tracked_frames: tracked as u64,
+    }
+}
+
 /// Writes `text` to `path` through a temporary file and a rename, so a reader never sees half.
-fn write_atomic(path: &std::path::Path, text: &str) -> Result<()> {
+fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
@@ -170,6 +247,23 @@ fn install_signals() -> Result<()> {
     Ok(())
 }
 
+fn stopped() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Sleeps `ms`, returning early (false) when asked to stop.
+fn sleep_unless_stopped(ms: u64) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+    while !stopped() {
+        let now = std::time::Instant::now();
+        if now >= end {
+            return true;
+        }
+        std::thread::sleep((end - now).min(std::time::Duration::from_millis(100)));
+    }
+    false
+}
+
 /// Refuses a region whose guest half is neither all zero nor a vtism channel, as the module
 /// does, so the agent never scribbles over an ivshmem region used for something else.
 fn check_claim(r: &MmapRegion) -> Result<()> {
@@ -184,27 +278,42 @@ fn check_claim(r: &MmapRegion) -> Result<()> {
     Ok(())
 }
 
-/// CPU time (user + system) of a thread, µs, from `/proc/<pid>/stat`.
-fn cpu_us(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // fields 14 and 15 of stat; `rest` starts at field 3
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = if hz > 0 { hz as u64 } else { 100 };
-    Some(ticks * 1_000_000 / hz)
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+/// Starts a kdamond of our own once DAMON is free; `None` if asked to stop meanwhile. Never
+/// writes anything while someone else uses DAMON.
+fn wait_for_damon(
+    cfg: &Config,
+    ranges: &[iomem::PhysRange],
+    attrs: &Attrs,
+) -> Result<Option<Kdamond>> {
+    let mut last: Option<Busy> = None;
+    loop {
+        if stopped() {
+            return Ok(None);
+        }
+        let busy = match crate::damon::busy(&cfg.damon_root, &cfg.modules_root)? {
+            Some(b) => Some(b),
+            None => match Kdamond::start_new(&cfg.damon_root, ranges, attrs)? {
+                Start::Running(k) => return Ok(Some(k)),
+                Start::Busy(b) => Some(b),
+            },
+        };
+        if let Some(b) = busy {
+            if cfg.if_busy == IfBusy::Exit {
+                bail!(
+                    "DAMON is in use: {b}. The agent touches nothing that is not its own; it \
+                     starts once DAMON is free (without --if-busy exit), or track this guest with \
+                     the vtism_guest module (docs/guest.md, \"Coexistence with other DAMON users\")"
+                );
+            }
+            if last.as_ref() != Some(&b) {
+                tracing::warn!("DAMON is in use: {b}; waiting until it is free, touching nothing");
+                last = Some(b);
+            }
+            if !sleep_unless_stopped(cfg.busy_poll_ms.max(10)) {
+                return Ok(None);
+            }
+        }
+    }
 }
 
 pub fn run(cfg: &Config) -> Result<()> {
@@ -214,7 +323,7 @@ pub fn run(cfg: &Config) -> Result<()> {
     if ranges.is_empty() {
         bail!("no System RAM in {} (not root?)", cfg.iomem.display());
     }
-    let tracked_bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    let monitored: u64 = ranges.iter().map(|r| r.end - r.start).sum();
     let flags = KpageFlags::open(&cfg.kpageflags)
         .with_context(|| format!("opening {}", cfg.kpageflags.display()))?;
 
@@ -236,243 +345,228 @@ pub fn run(cfg: &Config) -> Result<()> {
             tracker: Tracker::Damon,
             region_size: None,
             preserve_feedback: true,
-            // Its counts are rounds seen (History), which is v1.0's meaning of `count`.
-            version: ChannelVersion::V1_0,
+            // counts are rate levels
+            version: ChannelVersion::V1_1,
         },
     )?;
     tracing::info!(bar = %bar.display(), capacity = w.capacity(), "channel initialised");
     install_signals()?;
 
+    let p = cfg.loop_params;
     let min_regions = cfg.min_nr_regions.max(ranges.len() as u64).max(3);
     let max_regions = cfg.max_nr_regions.max(min_regions);
-    let mut t_ms = w.next_interval_ms(interval_ms(
-        0,
-        cfg.interval_k,
-        cfg.interval_kb,
-        cfg.interval_base_ms,
-        cfg.interval_max_ms,
-    ));
-    let mut attrs = attrs_for(t_ms, cfg.samples, min_regions, max_regions);
-    let mut kd = Kdamond::create(&cfg.damon_root, &ranges, &attrs)?;
-    let result = (|| -> Result<()> {
-        kd.start()?;
-        let pid = kd.pid();
-        tracing::info!(
-            kdamond = kd.index(),
-            ?pid,
-            ranges = ranges.len(),
-            "DAMON started"
-        );
-        let mut history = History::new(
-            cfg.history_rounds,
-            cfg.hot_threshold,
-            cfg.min_accesses,
-            cfg.max_tracked,
-        );
-        let cap = confirm_cap(cfg.confirm_frames, max_regions, ranges.len());
-        let mut confirm = Confirm::new(cap, Confirm::min_count_for(cfg.hot_threshold));
-        let mut stats = Stats {
-            max_tracked: cfg.max_tracked as u64,
-            confirm_cap: cap as u64,
-            ..Stats::default()
-        };
-        let mut cpu_last = pid.and_then(cpu_us).unwrap_or(0);
-        let mut rounds = 0u64;
-        while !STOP.load(Ordering::SeqCst) && (cfg.rounds == 0 || rounds < cfg.rounds) {
-            let regions = match kd.tried_regions() {
-                Ok(r) => r,
-                Err(_) if STOP.load(Ordering::SeqCst) => break,
-                Err(e) => return Err(e),
-            };
-            let t0 = Instant::now();
-            let out = history.round(&regions, &flags)?;
-            let mut entries = out.entries;
-            let mut overflow = false;
-            if cfg.max_entries > 0 && entries.len() as u64 > cfg.max_entries {
-                entries.truncate(cfg.max_entries as usize);
-                overflow = true;
-            }
-            let cpu_now = pid.and_then(cpu_us).unwrap_or(cpu_last);
-            // the round's cost: the kdamond's CPU time since the last round (its sampling and
-            // aggregation) plus the agent's own processing
-            let cost_us = cpu_now.saturating_sub(cpu_last) + t0.elapsed().as_micros() as u64;
-            cpu_last = cpu_now;
-            let _ = w.read_feedback();
-            let next = w.next_interval_ms(interval_ms(
-                cost_us,
-                cfg.interval_k,
-                cfg.interval_kb,
-                cfg.interval_base_ms,
-                cfg.interval_max_ms,
-            ));
-            let p = w.publish(
-                &entries,
-                &RoundMeta {
-                    overflow,
-                    scan_interval_ms: next,
-                    scan_duration_us: cost_us.min(u64::from(u32::MAX)) as u32,
-                    tracked_bytes,
-                    hot_frames: out.hot_frames,
-                    publish_time_ns: monotonic_ns(),
-                    ..RoundMeta::default()
-                },
-            )?;
-            rounds += 1;
-            // frames newly hot in min_count rounds get DAMON regions of their own, and DAMON
-            // is re-paced when the interval moved by more than 1/16: one commit for both
-            let mut commit = false;
-            if let Some(units) = confirm.update(&history) {
-                kd.write_regions(&confirm::layout(&ranges, &units))?;
-                commit = true;
-            }
-            if next.abs_diff(t_ms) > t_ms / 16 {
-                t_ms = next;
-                attrs = attrs_for(t_ms, cfg.samples, min_regions, max_regions);
-                kd.write_attrs(&attrs)?;
-                commit = true;
-            }
-            if commit {
-                match kd.commit() {
-                    Ok(()) => {}
-                    // a signal interrupts the blocking commit: stop as after a round
-                    Err(_) if STOP.load(Ordering::SeqCst) => break,
-                    Err(e) => return Err(e),
-                }
-            }
-            stats.rounds = p.round;
-            stats.last_entries = p.count;
-            stats.last_hot_frames = out.hot_frames;
-            stats.last_cost_us = cost_us;
-            stats.last_interval_ms = u64::from(next);
-            stats.last_regions = regions.len() as u64;
-            stats.tracked = history.tracked() as u64;
-            stats.evicted = history.evicted();
-            stats.confirmed = confirm.len() as u64;
-            stats.confirm_commits = confirm.commits();
-            stats.overflow_rounds += u64::from(p.overflow);
-            if let Some(f) = &cfg.stats_file {
-                write_atomic(f, &stats.render())?;
-            }
-            if let Some(f) = &cfg.status_file {
-                std::fs::write(f, format!("{}\n", p.round))
-                    .with_context(|| format!("writing {}", f.display()))?;
-            }
-            tracing::debug!(
-                round = p.round,
-                entries = p.count,
-                overflow = p.overflow,
-                regions = regions.len(),
-                accessed_bytes = out.accessed_bytes,
-                tracked = history.tracked(),
-                evicted = out.evicted,
-                confirmed = confirm.len(),
-                cost_us,
-                next_ms = next,
-                "published"
-            );
-        }
-        Ok(())
-    })();
+    let mut iv = first_intervals(&p, cfg.sample_us);
+    let waited = std::time::Instant::now();
+    let Some(mut kd) = wait_for_damon(cfg, &ranges, &attrs_for(iv, min_regions, max_regions))?
+    else {
+        tracing::info!("stopped while waiting for DAMON");
+        return Ok(());
+    };
+    let waited_ms = waited.elapsed().as_millis() as u64;
+    let result = track(
+        cfg, &mut kd, &mut w, &flags, &ranges, monitored, &mut iv, waited_ms,
+    );
     let removed = kd.remove();
     tracing::info!("DAMON stopped");
     result.and(removed)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// CPU and time at the end of a round.
+#[derive(Clone, Copy)]
+struct Clock {
+    now_ns: u64,
+    kdamond_ns: u64,
+    own_ns: u64,
+}
 
-    #[test]
-    fn interval_formula_matches_the_module() {
-        // docs/guest.md: with the defaults a 10 ms scan waits 3.8 s, 100 ms 87.5 s, 1 s 2.2 h
-        assert_eq!(interval_ms(10_000, 8, 50, 2500, 0), 3800);
-        assert_eq!(interval_ms(100_000, 8, 50, 2500, 0), 87_500);
-        assert_eq!(interval_ms(1_000_000, 8, 50, 2500, 0), 8_052_500);
-        assert_eq!(interval_ms(0, 8, 50, 2500, 0), 2500);
-        assert_eq!(interval_ms(100_000, 8, 50, 2500, 3000), 3000);
-        assert_eq!(interval_ms(u64::MAX, 8, 50, 2500, 0), u32::MAX);
-    }
-
-    #[test]
-    fn the_hosts_floor_wins_over_the_cap() {
-        let mut w = vtism_proto::ChannelWriter::init(
-            vtism_proto::OwnedRegion::zeroed(64 * 1024),
-            Tracker::Damon,
-        )
-        .unwrap();
-        // a 1 s round under a 10 s cap
-        let capped = interval_ms(1_000_000, 8, 50, 2500, 10_000);
-        assert_eq!(w.next_interval_ms(capped), 10_000);
-        let fb = vtism_proto::Feedback {
-            ack_round: 0,
-            entry_budget: 0,
-            min_interval_ms: 20_000,
-            last_status: 0,
-            fast_quota_bytes: 0,
-            rejected_rounds: 0,
-            host_version: vtism_proto::HOST_VERSION,
-        };
-        vtism_proto::write_feedback(w.region(), &fb).unwrap();
-        w.read_feedback().unwrap();
-        assert_eq!(w.next_interval_ms(capped), 20_000);
-        // a floor below the cap changes nothing
-        vtism_proto::write_feedback(
-            w.region(),
-            &vtism_proto::Feedback {
-                min_interval_ms: 2500,
-                ..fb
-            },
-        )
-        .unwrap();
-        w.read_feedback().unwrap();
-        assert_eq!(w.next_interval_ms(capped), 10_000);
-    }
-
-    #[test]
-    fn attrs_split_the_round() {
-        let a = attrs_for(2000, 20, 10, 1000);
-        assert_eq!(
-            (a.aggr_us, a.sample_us, a.update_us),
-            (2_000_000, 100_000, 2_000_000)
-        );
-        let a = attrs_for(5, 20, 10, 1000);
-        assert_eq!((a.aggr_us, a.sample_us), (5000, 1000));
-        let a = attrs_for(0, 0, 10, 1000);
-        assert_eq!((a.aggr_us, a.sample_us), (1000, 1000));
-    }
-
-    #[test]
-    fn claim_check() {
-        let d = crate::testdir::TestDir::new("claim");
-        let p = d.path().join("bar");
-        std::fs::write(&p, vec![0u8; 16384]).unwrap();
-        let r = pci::map_bar(&p).unwrap();
-        check_claim(&r).unwrap();
-        r.store_u64(0x100, 7).unwrap();
-        assert!(check_claim(&r).is_err());
-        r.store_u64(off::MAGIC, MAGIC).unwrap();
-        check_claim(&r).unwrap();
-    }
-
-    #[test]
-    fn confirm_cap_keeps_damon_below_max_regions() {
-        assert_eq!(confirm_cap(4096, 10_000, 2), 4096);
-        assert_eq!(confirm_cap(8192, 10_000, 2), (10_000 - 18) / 2);
-        assert_eq!(confirm_cap(4096, 10, 2), 0);
-        assert_eq!(confirm_cap(0, 10_000, 2), 0);
-    }
-
-    #[test]
-    fn stats_render_every_counter() {
-        let s = Stats {
-            rounds: 3,
-            evicted: 7,
-            confirm_cap: 4096,
-            ..Stats::default()
+impl Clock {
+    fn read(cfg: &Config, pid: Option<u32>, last: Option<Clock>) -> Clock {
+        let kdamond_ns = pid
+            .and_then(|p| cpu::thread_cpu_ns(&cfg.proc_root, p))
+            .or(last.map(|c| c.kdamond_ns))
+            .unwrap_or(0);
+        Clock {
+            now_ns: cpu::monotonic_ns(),
+            kdamond_ns,
+            own_ns: cpu::own_cpu_ns(),
         }
-        .render();
-        assert_eq!(s.lines().count(), 13);
-        assert!(s.contains("rounds 3\n") && s.contains("evicted 7\n"));
-        assert!(s.contains("confirm_cap 4096\n") && s.contains("tracked 0\n"));
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn track<R: SharedRegion>(
+    cfg: &Config,
+    kd: &mut Kdamond,
+    w: &mut ChannelWriter<R>,
+    flags: &KpageFlags,
+    ranges: &[iomem::PhysRange],
+    monitored: u64,
+    iv: &mut Intervals,
+    waited_ms: u64,
+) -> Result<()> {
+    let p = cfg.loop_params;
+    let min_regions = cfg.min_nr_regions.max(ranges.len() as u64).max(3);
+    let max_regions = cfg.max_nr_regions.max(min_regions);
+    let pid = kd.pid();
+    tracing::info!(
+        kdamond = kd.index(),
+        ?pid,
+        ranges = ranges.len(),
+        ?iv,
+        "DAMON started"
+    );
+    let mut frames = Frames::new(iv.sample_us as f64 / 1e6, cfg.max_tracked);
+    let cap = confirm_cap(cfg.confirm_frames, max_regions, ranges.len());
+    let mut confirm = Confirm::new(cap, confirm::ADMIT_SHARE);
+    let mut stats = Stats {
+        max_tracked: cfg.max_tracked as u64,
+        confirm_cap: cap as u64,
+        waited_ms,
+        ..Stats::default()
+    };
+    let start = Clock::read(cfg, pid, None);
+    let mut last = start;
+    // kdamond CPU per sample, smoothed over rounds
+    let mut per_sample_us = 0.0f64;
+    let mut rounds = 0u64;
+    while !stopped() && (cfg.rounds == 0 || rounds < cfg.rounds) {
+        let regions = match kd.tried_regions() {
+            Ok(r) => r,
+            Err(_) if stopped() => break,
+            Err(e) if !kd.running() => {
+                return Err(e.context("the kdamond was turned off by someone else"))
+            }
+            Err(e) => return Err(e),
+        };
+        let round_start_own = cpu::own_cpu_ns();
+        let samples = iv.samples();
+        let observed = frames.observe(&regions, samples as u32, flags)?;
+        let share = access_share(&regions, samples, monitored);
+        let fb = w.read_feedback().ok().flatten();
+        let quota = fb.map_or(0, |f| f.fast_quota_bytes);
+        let goal = intervals::access_goal(quota, monitored, p.goal_override);
+        let ranked = frames.ranked();
+        let mut entries = ranked.entries;
+        let mut overflow = false;
+        if cfg.max_entries > 0 && entries.len() as u64 > cfg.max_entries {
+            entries.truncate(cfg.max_entries as usize);
+            overflow = true;
+        }
+        let now = Clock::read(cfg, pid, Some(last));
+        let elapsed_us = now.now_ns.saturating_sub(last.now_ns) / 1000;
+        let kd_us = now.kdamond_ns.saturating_sub(last.kdamond_ns) / 1000;
+        let own_us = now.own_ns.saturating_sub(last.own_ns) / 1000;
+        let windows = elapsed_us / iv.sample_us.max(1);
+        let published = w.publish(
+            &entries,
+            &RoundMeta {
+                overflow,
+                scan_interval_ms: sat_u32(elapsed_us / 1000),
+                scan_duration_us: sat_u32(kd_us + own_us),
+                tracked_bytes: monitored,
+                hot_frames: ranked.hot_frames,
+                publish_time_ns: cpu::monotonic_ns(),
+                tracker_report: tracker_report(*iv, windows, kd_us + own_us, frames.tracked()),
+            },
+        )?;
+        let round_own_us = cpu::own_cpu_ns().saturating_sub(round_start_own) / 1000;
+        rounds += 1;
+
+        if windows > 0 {
+            let x = kd_us as f64 / windows as f64;
+            per_sample_us = if per_sample_us == 0.0 {
+                x
+            } else {
+                0.5 * (per_sample_us + x)
+            };
+        }
+        let host_floor_us = fb.map_or(0, |f| u64::from(f.min_interval_ms) * 1000);
+        let (next, limit) = intervals::next(
+            &p,
+            *iv,
+            &Observation {
+                access_share: share,
+                goal,
+                kdamond_us_per_sample: per_sample_us,
+                agent_us_per_round: round_own_us as f64,
+                host_floor_us,
+            },
+        );
+        let mut commit = false;
+        if let Some(units) = confirm.update(&frames) {
+            kd.write_regions(&confirm::layout(ranges, &units))?;
+            commit = true;
+        }
+        // the host's floor is honoured at once; other moves when worth the delay, or when the
+        // goal is missed by more than the band (DAMON's steps above the goal are small)
+        let off_goal = limit == Limit::Goal && goal > 0.0 && intervals::off_goal(share / goal);
+        if next != *iv
+            && (off_goal || intervals::worth_commit(*iv, next) || iv.aggr_us < host_floor_us)
+        {
+            *iv = next;
+            kd.write_attrs(&attrs_for(*iv, min_regions, max_regions))?;
+            frames.set_window(iv.sample_us as f64 / 1e6);
+            stats.attr_commits += 1;
+            commit = true;
+        }
+        if commit {
+            match kd.commit() {
+                Ok(()) => {}
+                // a signal interrupts the blocking commit: stop as after a round
+                Err(_) if stopped() => break,
+                Err(e) => return Err(e),
+            }
+        }
+        let total = Clock::read(cfg, pid, Some(now));
+        stats.rounds = published.round;
+        stats.last_entries = published.count;
+        stats.last_hot_frames = ranked.hot_frames;
+        stats.sample_us = iv.sample_us;
+        stats.aggr_us = iv.aggr_us;
+        stats.access_ppm = (share * 1e6).round() as u64;
+        stats.goal_ppm = (goal * 1e6).round() as u64;
+        stats.limit = match limit {
+            Limit::Goal => 0,
+            Limit::Budget => 1,
+            Limit::Bound => 2,
+        };
+        stats.quota_bytes = quota;
+        stats.last_regions = regions.len() as u64;
+        stats.tracked = frames.tracked() as u64;
+        stats.evicted = frames.evicted();
+        stats.confirmed = confirm.len() as u64;
+        stats.confirm_commits = confirm.commits();
+        stats.overflow_rounds += u64::from(published.overflow);
+        stats.windows += windows;
+        stats.kdamond_cpu_us = total.kdamond_ns.saturating_sub(start.kdamond_ns) / 1000;
+        stats.agent_cpu_us = total.own_ns.saturating_sub(start.own_ns) / 1000;
+        stats.last_tracker_cpu_us = kd_us + own_us;
+        stats.elapsed_us = total.now_ns.saturating_sub(start.now_ns) / 1000;
+        if let Some(f) = &cfg.stats_file {
+            write_atomic(f, &stats.render())?;
+        }
+        if let Some(f) = &cfg.status_file {
+            std::fs::write(f, format!("{}\n", published.round))
+                .with_context(|| format!("writing {}", f.display()))?;
+        }
+        tracing::debug!(
+            round = published.round,
+            entries = published.count,
+            overflow = published.overflow,
+            regions = regions.len(),
+            accessed_bytes = observed.accessed_bytes,
+            tracked = frames.tracked(),
+            evicted = observed.evicted,
+            confirmed = confirm.len(),
+            access_share = share,
+            goal,
+            sample_us = iv.sample_us,
+            aggr_us = iv.aggr_us,
+            kd_us,
+            own_us,
+            "published"
+        );
+        last = now;
+    }
+    Ok(())
 }

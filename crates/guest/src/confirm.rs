@@ -1,62 +1,53 @@
 //! Frame-by-frame confirmation of DAMON's hot regions.
 //!
 //! DAMON samples one random address per region per sampling interval and reports a region
-//! whole. A region that straddles hot and cold frames is therefore reported hot with its cold
-//! frames, and its boundaries only converge on the hot/cold edge over tens of aggregations
-//! (random splits; merges of neighbours whose access counts differ by at most 10% of the
-//! samples). How many cold frames get published thus depended on where the guest's allocator
-//! had put them (precision 0.57 to 1.0 in the agent's e2e before this).
+//! whole. A region that straddles hot and colder frames gives them all its share of young
+//! windows, and its boundaries only converge on the edge over tens of aggregations (random
+//! splits; merges of neighbours whose access counts differ by at most 10% of the samples).
 //!
-//! The agent therefore gives DAMON its own region boundaries: the frames (or 2 MiB THP units)
-//! seen hot in at least `min_count` rounds (`min_count_for`: 2 below the publication
-//! threshold) become target regions of their own (`state commit`
-//! of the target's regions; DAMON keeps its adapted regions elsewhere). A region of one frame is
-//! sampled at that frame only, so its access count is the frame's own. Afterwards DAMON merges
-//! neighbours only when their access counts are within 10% of the samples, so a confirmed hot
-//! frame merges with hot neighbours and a cold one with cold neighbours: the boundaries stay
-//! where the frames' behaviour changes. A cold frame that lay in a straddling region thus stops
-//! gaining rounds once it is confirmed, and stays below the threshold.
+//! The agent therefore gives DAMON its own region boundaries: frames (or 2 MiB THP units) young
+//! in at least half of their windows, or published at 1 Hz or more, whichever comes first
+//! (`admit_share`, or the share of 1 Hz at the current window: at the window the loop keeps, about the
+//! frames the host's quota holds) become target regions of their own (`state commit` of the
+//! target's regions; DAMON keeps its adapted regions elsewhere). A region of one frame is
+//! sampled at that frame only, so its share is the frame's own. Afterwards DAMON merges
+//! neighbours only when their access counts are close, so a confirmed hot frame merges with hot
+//! neighbours and a colder one with its like: the boundaries stay where behaviour changes.
 //!
-//! The set is sticky (a frame stays confirmed while it has a history, so a stable hot set means
+//! The set is sticky (a frame stays confirmed while it has a share, so a stable hot set means
 //! no further commits) and bounded by `cap` frames (DAMON's region count must stay below
 //! `max_nr_regions`, or DAMON merges with ever larger thresholds). When it is full, a newcomer
-//! takes the place of a confirmed frame only if it has been hot in at least 2 more rounds.
+//! takes the place of a confirmed frame only if its share is higher by at least `REPLACE_MARGIN`.
 
-use crate::history::History;
+use crate::frames::Frames;
 use crate::iomem::PhysRange;
 use std::collections::HashMap;
 use vtism_proto::HUGE_FRAMES;
+
+/// A newcomer replaces a confirmed frame only when its share is higher by this much.
+pub const REPLACE_MARGIN: f64 = 0.25;
+/// Frames young in at least this share of windows are confirmed.
+pub const ADMIT_SHARE: f64 = 0.5;
 
 /// The frames given regions of their own, and when to change them.
 #[derive(Debug)]
 pub struct Confirm {
     cap: usize,
-    min_count: u32,
+    admit_share: f64,
     /// frame -> 2 MiB unit
     set: HashMap<u64, bool>,
     commits: u64,
 }
 
 impl Confirm {
-    /// At most `cap` frames (0 = off), admitted once hot in `min_count` rounds (>= 1).
-    pub fn new(cap: usize, min_count: u32) -> Confirm {
+    /// At most `cap` frames (0 = off), admitted at `admit_share`.
+    pub fn new(cap: usize, admit_share: f64) -> Confirm {
         Confirm {
             cap,
-            min_count: min_count.max(1),
+            admit_share,
             set: HashMap::new(),
             commits: 0,
         }
-    }
-
-    /// The admission count for a publication threshold: 2 rounds below it (at least 1). A
-    /// frame admitted after round r is sampled on its own from round r + 1 on (the commit
-    /// takes effect at the end of DAMON's current aggregation, before the next one the agent
-    /// reads), so a cold frame's count stops at most at `threshold - 2`, one round of margin
-    /// for DAMON's first merge after the commit. Admitting earlier would only add commits: in
-    /// the e2e with 2, the 4096 cold pages touched every 5 rounds (count 2 at times) kept
-    /// the set full and changing, 28 commits in 38 rounds, doubling the rounds' wall time.
-    pub fn min_count_for(threshold: u32) -> u32 {
-        threshold.saturating_sub(2).max(1)
     }
 
     /// Frames confirmed now.
@@ -73,48 +64,49 @@ impl Confirm {
         self.commits
     }
 
-    /// Updates the set from the history after a round. Returns the sorted (frame, unit) list to
-    /// commit when frames were admitted, `None` when DAMON's layout can stay.
-    pub fn update(&mut self, h: &History) -> Option<Vec<(u64, bool)>> {
+    /// Updates the set from the shares after an aggregation. Returns the sorted (frame, unit)
+    /// list to commit when frames were admitted, `None` when DAMON's layout can stay.
+    pub fn update(&mut self, f: &Frames) -> Option<Vec<(u64, bool)>> {
         if self.cap == 0 {
             return None;
         }
-        // frames whose history ended leave; their one-frame regions stay with DAMON until the
+        // frames whose share ended leave; their one-frame regions stay with DAMON until the
         // next commit, which is harmless
-        self.set.retain(|&g, _| h.count(g) > 0);
-        let mut new: Vec<(u32, bool, u64, bool)> = h
+        self.set.retain(|&g, _| f.share(g) > 0.0);
+        // a frame published as hot is measured on its own from the next aggregation on: a
+        // straddling region's share lifts its colder frames above 1 Hz for one round at most
+        let admit = self
+            .admit_share
+            .min(crate::rate::share_of_rate(1.0, f.window_s()));
+        let mut new: Vec<(f64, u64, bool)> = f
             .iter()
-            .filter(|&(g, count, _, _)| count >= self.min_count && !self.set.contains_key(&g))
-            .map(|(g, count, young, huge)| (count, young, g, huge))
+            .filter(|&(g, share, _)| share >= admit && !self.set.contains_key(&g))
+            .map(|(g, share, huge)| (share, g, huge))
             .collect();
         if new.is_empty() {
             return None;
         }
-        // hottest newcomers first
-        new.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+        // highest shares first
+        new.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         let free = self.cap.saturating_sub(self.set.len());
         let mut admitted = 0;
         let mut rest = new.into_iter();
-        for (_, _, g, huge) in rest.by_ref().take(free) {
+        for (_, g, huge) in rest.by_ref().take(free) {
             self.set.insert(g, huge);
             admitted += 1;
         }
-        // full: a newcomer replaces a confirmed frame hot in at least 2 rounds fewer
-        let mut victims: Vec<(u32, u64)> = Vec::new();
-        let mut pending: Vec<(u32, u64, bool)> = rest.map(|(c, _, g, u)| (c, g, u)).collect();
+        // full: a newcomer replaces the lowest confirmed frame when clearly higher
+        let pending: Vec<(f64, u64, bool)> = rest.collect();
         if !pending.is_empty() {
-            victims = self.set.keys().map(|&g| (h.count(g), g)).collect();
-            victims.sort_unstable();
-        }
-        let mut vi = victims.into_iter();
-        for (count, g, huge) in pending.drain(..) {
-            match vi.next() {
-                Some((vc, vg)) if vc + 2 <= count => {
-                    self.set.remove(&vg);
-                    self.set.insert(g, huge);
-                    admitted += 1;
+            let mut victims: Vec<(f64, u64)> = self.set.keys().map(|&g| (f.share(g), g)).collect();
+            victims.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            for ((share, g, huge), (vs, vg)) in pending.into_iter().zip(victims) {
+                if share < vs + REPLACE_MARGIN {
+                    break;
                 }
-                _ => break,
+                self.set.remove(&vg);
+                self.set.insert(g, huge);
+                admitted += 1;
             }
         }
         if admitted == 0 {
@@ -170,6 +162,7 @@ pub fn layout(ram: &[PhysRange], units: &[(u64, bool)]) -> Vec<PhysRange> {
 mod tests {
     use super::*;
     use crate::damon::Region;
+    use crate::frames::Frames;
     use crate::kpageflags::*;
     use std::collections::BTreeMap;
 
@@ -209,55 +202,69 @@ mod tests {
         assert_eq!(layout(&ram, &[]), ram.to_vec());
     }
 
-    fn region(first: u64, frames: u64) -> Region {
+    fn region(first: u64, frames: u64, nr: u32) -> Region {
         Region {
             start: first << 12,
             end: (first + frames) << 12,
-            nr_accesses: 1,
+            nr_accesses: nr,
             age: 0,
         }
     }
 
     #[test]
-    fn admits_after_min_count_sticky_bounded() {
-        let mut f = BTreeMap::new();
+    fn admits_at_half_sticky_bounded() {
+        let mut fl = BTreeMap::new();
         for p in 0..64 {
-            f.insert(p, ANON | LRU);
+            fl.insert(p, ANON | LRU);
         }
-        let mut h = History::new(8, 6, 1, 1 << 20);
-        let mut c = Confirm::new(8, 2);
-        h.round(&[region(0, 4)], &f).unwrap();
-        assert_eq!(c.update(&h), None, "one round: not yet");
-        h.round(&[region(0, 4)], &f).unwrap();
-        let v = c.update(&h).unwrap();
+        let mut f = Frames::new(2.0, 1 << 20);
+        let mut c = Confirm::new(8, ADMIT_SHARE);
+        let obs = |f: &mut Frames, r: &[Region]| f.observe(r, 5, &fl).unwrap();
+        // windows of 2 s (1 Hz is a share of 0.86): admitted at half; young in every window of
+        // an aggregation of 5: half way after 4 aggregations
+        obs(&mut f, &[region(0, 4, 5)]);
+        assert_eq!(c.update(&f), None, "one aggregation: not yet");
+        for _ in 0..3 {
+            obs(&mut f, &[region(0, 4, 5), region(10, 10, 1)]);
+        }
+        let v = c.update(&f).unwrap();
         assert_eq!(v, vec![(0, false), (1, false), (2, false), (3, false)]);
-        h.round(&[region(0, 4)], &f).unwrap();
-        assert_eq!(c.update(&h), None, "nothing new: no commit");
-        // 10 more frames twice: 4 fit
-        h.round(&[region(0, 4), region(10, 10)], &f).unwrap();
-        h.round(&[region(0, 4), region(10, 10)], &f).unwrap();
-        let v = c.update(&h).unwrap();
-        assert_eq!(v.len(), 8);
-        assert_eq!(c.update(&h), None);
-        // the first 4 have 5 rounds, the newcomers 2: no replacement
-        h.round(&[region(30, 2)], &f).unwrap();
-        h.round(&[region(30, 2)], &f).unwrap();
-        assert_eq!(c.update(&h), None, "full, newcomers not hotter by 2");
-        assert_eq!(c.commits(), 2);
-        // let the confirmed frames cool down: after 8 empty rounds their histories end
-        for _ in 0..6 {
-            h.round(&[region(30, 2)], &f).unwrap();
+        obs(&mut f, &[region(0, 4, 5), region(10, 10, 1)]);
+        assert_eq!(c.update(&f), None, "nothing new: no commit");
+        // 10 more frames young in every window: 4 fit
+        for _ in 0..5 {
+            obs(&mut f, &[region(0, 4, 5), region(10, 10, 5)]);
         }
-        let v = c.update(&h).unwrap();
+        let v = c.update(&f).unwrap();
+        assert_eq!(v.len(), 8);
+        assert_eq!(c.update(&f), None);
+        // newcomers no higher than the confirmed: no replacement
+        for _ in 0..5 {
+            obs(
+                &mut f,
+                &[region(0, 4, 5), region(10, 10, 5), region(30, 2, 5)],
+            );
+        }
+        assert_eq!(c.update(&f), None, "full, newcomers not clearly higher");
+        assert_eq!(c.commits(), 2);
+        // the confirmed frames cool down: their shares end and the newcomers take their places
+        for _ in 0..20 {
+            obs(&mut f, &[region(30, 2, 5)]);
+        }
+        let v = c.update(&f).unwrap();
         assert!(
             v.contains(&(30, false)) && v.contains(&(31, false)),
             "{v:?}"
         );
-        assert!(c.len() <= 8);
-        assert_eq!(Confirm::min_count_for(6), 4);
-        assert_eq!(Confirm::min_count_for(3), 1);
-        assert_eq!(Confirm::min_count_for(2), 1);
-        assert_eq!(Confirm::min_count_for(1), 1);
-        assert_eq!(Confirm::new(0, 2).update(&h), None);
+        assert_eq!(c.len(), 2);
+        assert_eq!(Confirm::new(0, ADMIT_SHARE).update(&f), None);
+        // windows of 100 ms: a frame young in 20% of them (2.2 Hz) is admitted below half
+        let mut f = Frames::new(0.1, 1 << 20);
+        let mut c = Confirm::new(8, ADMIT_SHARE);
+        for _ in 0..6 {
+            f.observe(&[region(40, 1, 1)], 5, &fl).unwrap();
+        }
+        assert!(f.share(40) < 0.5);
+        assert_eq!(c.update(&f), Some(vec![(40, false)]));
     }
 }

@@ -1,13 +1,17 @@
 //! One kdamond of our own through DAMON's sysfs interface (`/sys/kernel/mm/damon/admin`,
-//! `Documentation/admin-guide/mm/damon/usage.rst`).
+//! `Documentation/admin-guide/mm/damon/usage.rst`), and whether DAMON is free for one.
 //!
-//! Writing `kdamonds/nr_kdamonds` makes the kernel remove *every* kdamond directory (their
-//! configuration is lost) and create the requested number afresh; it fails with EBUSY while any
-//! kdamond runs. "Adding one" to kdamonds that someone else configured would therefore destroy
-//! their configuration, so the agent creates its kdamond only when `nr_kdamonds` is 0 and
-//! refuses to start otherwise. On exit it turns its kdamond off and writes `nr_kdamonds` back
-//! to 0 only if there is still exactly one kdamond, its own, and it is off; otherwise it leaves
-//! it (off) alone.
+//! In Linux 6.12 (mm/damon/sysfs.c, core.c) a kdamond can be added only when no one else uses
+//! DAMON: writing `kdamonds/nr_kdamonds` fails with EBUSY while any sysfs kdamond runs, and
+//! otherwise removes *every* kdamond directory with its configuration before creating the
+//! requested number afresh; a kdamond holds one context only (`nr_contexts` > 1 is EINVAL); and
+//! DAMON_RECLAIM and DAMON_LRU_SORT start their kdamonds exclusively (`damon_start(.., true)`),
+//! so no sysfs kdamond can start while one of them runs (EBUSY), nor they while a sysfs kdamond
+//! runs. The agent therefore creates its kdamond only when `nr_kdamonds` is 0 and no exclusive
+//! user is known to run ([`busy`]); when starting it is refused all the same, it removes its
+//! own directory again. It never writes into a kdamond directory it did not create. On exit it
+//! turns its kdamond off and writes `nr_kdamonds` back to 0 only if its kdamond is still the
+//! only one and still configured as it left it.
 
 use crate::iomem::PhysRange;
 use anyhow::{bail, Context, Result};
@@ -15,6 +19,90 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_ROOT: &str = "/sys/kernel/mm/damon/admin";
+/// Where the in-kernel DAMON users' module parameters are.
+pub const MODULES_ROOT: &str = "/sys/module";
+/// In-kernel DAMON users of 6.12 that run a kdamond exclusively while `enabled`.
+pub const EXCLUSIVE_MODULES: [&str; 2] = ["damon_reclaim", "damon_lru_sort"];
+
+/// Why the agent cannot have a kdamond now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Busy {
+    /// Kdamond directories exist in the sysfs interface: someone else's (`running` of them on).
+    SysfsKdamonds { nr: u64, running: u64 },
+    /// An in-kernel DAMON user runs its kdamond exclusively.
+    Module {
+        name: String,
+        kdamond_pid: Option<i64>,
+    },
+    /// DAMON refused to start ours (EBUSY): something runs DAMON exclusively.
+    StartRefused,
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Busy::SysfsKdamonds { nr, running } => write!(
+                f,
+                "nr_kdamonds is {nr} ({running} running): DAMON's sysfs interface cannot add a \
+                 kdamond beside them (writing nr_kdamonds deletes every kdamond directory with \
+                 its configuration, and fails while one runs)"
+            ),
+            Busy::Module { name, kdamond_pid } => write!(
+                f,
+                "{name} runs (kdamond pid {}): it holds DAMON exclusively, no other kdamond can \
+                 start while it is enabled",
+                kdamond_pid.map_or("?".to_string(), |p| p.to_string())
+            ),
+            Busy::StartRefused => write!(
+                f,
+                "DAMON refused to start a kdamond (EBUSY): an in-kernel user runs DAMON \
+                 exclusively"
+            ),
+        }
+    }
+}
+
+/// What keeps DAMON from taking a kdamond of ours, if anything: kdamonds in the sysfs
+/// interface, or an exclusive in-kernel user that is enabled. Reads only.
+pub fn busy(root: &Path, modules: &Path) -> Result<Option<Busy>> {
+    let nr = read_u64(&root.join("kdamonds/nr_kdamonds"))
+        .context("DAMON sysfs interface not available")?;
+    if nr > 0 {
+        let running = (0..nr)
+            .filter(|i| read(&root.join(format!("kdamonds/{i}/state"))).is_ok_and(|s| s == "on"))
+            .count() as u64;
+        return Ok(Some(Busy::SysfsKdamonds { nr, running }));
+    }
+    for name in EXCLUSIVE_MODULES {
+        let p = modules.join(name).join("parameters");
+        if read(&p.join("enabled")).is_ok_and(|s| s == "Y" || s == "1") {
+            let kdamond_pid = read(&p.join("kdamond_pid"))
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .filter(|&p| p > 0);
+            return Ok(Some(Busy::Module {
+                name: name.to_string(),
+                kdamond_pid,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// The outcome of trying to start a kdamond of ours.
+#[derive(Debug)]
+pub enum Start {
+    Running(Kdamond),
+    Busy(Busy),
+}
+
+fn is_ebusy(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .and_then(|e| e.raw_os_error())
+            == Some(libc::EBUSY)
+    })
+}
 
 /// A tried region of the stat scheme: `[start, end)` guest-physical bytes with its access
 /// frequency in the last aggregation interval (samples in which it was seen accessed).
@@ -63,28 +151,26 @@ pub struct Kdamond {
 }
 
 impl Kdamond {
-    /// Creates kdamond 0 under `root` (refusing when kdamonds exist already, see the module
-    /// docs), configures it for physical-address monitoring of `ranges` with a stat-only scheme
-    /// over every region accessed at least once, and leaves it off.
-    pub fn create(root: &Path, ranges: &[PhysRange], attrs: &Attrs) -> Result<Kdamond> {
-        let nr_path = root.join("kdamonds/nr_kdamonds");
-        let nr = read_u64(&nr_path).context("DAMON sysfs interface not available")?;
-        if nr != 0 {
-            bail!(
-                "{} is {nr}: other kdamonds exist. DAMON's sysfs interface cannot add a kdamond \
-                 beside them: writing nr_kdamonds deletes every kdamond directory with its \
-                 configuration (and fails while one runs), so the agent does not start and \
-                 touches nothing. Either stop and remove those kdamonds if they are yours and no \
-                 longer needed (`echo off > kdamonds/<N>/state`, then \
-                 `echo 0 > kdamonds/nr_kdamonds`), or track this guest with the vtism_guest module \
-                 instead (docs/guest.md, \"Coexistence with other DAMON users\")",
-                nr_path.display()
-            );
-        }
+    /// Creates kdamond 0 under `root` for physical-address monitoring of `ranges` with a
+    /// stat-only scheme over every region accessed at least once, and starts it; or says why
+    /// DAMON is busy, having changed nothing (or removed only its own new directory).
+    pub fn start_new(root: &Path, ranges: &[PhysRange], attrs: &Attrs) -> Result<Start> {
         if ranges.is_empty() {
             bail!("no System RAM range to monitor");
         }
-        write(&nr_path, "1")?;
+        let nr_path = root.join("kdamonds/nr_kdamonds");
+        let nr = read_u64(&nr_path).context("DAMON sysfs interface not available")?;
+        if nr != 0 {
+            return Ok(Start::Busy(Busy::SysfsKdamonds { nr, running: 0 }));
+        }
+        match write(&nr_path, "1") {
+            Ok(()) => {}
+            // another sysfs user got there first and started one
+            Err(e) if is_ebusy(&e) => {
+                return Ok(Start::Busy(Busy::SysfsKdamonds { nr: 1, running: 1 }))
+            }
+            Err(e) => return Err(e),
+        }
         let index = 0;
         let dir = root.join(format!("kdamonds/{index}"));
         let mut k = Kdamond {
@@ -94,10 +180,26 @@ impl Kdamond {
             started: false,
         };
         if let Err(e) = k.configure(ranges, attrs) {
-            let _ = k.remove();
+            // the directory created a moment ago, half configured: still only ours
+            if read_u64(&nr_path).is_ok_and(|n| n == 1) {
+                let _ = write(&nr_path, "0");
+            }
             return Err(e);
         }
-        Ok(k)
+        match write(&k.dir.join("state"), "on") {
+            Ok(()) => {
+                k.started = true;
+                Ok(Start::Running(k))
+            }
+            Err(e) if is_ebusy(&e) => {
+                k.remove()?;
+                Ok(Start::Busy(Busy::StartRefused))
+            }
+            Err(e) => {
+                let _ = k.remove();
+                Err(e)
+            }
+        }
     }
 
     fn configure(&mut self, ranges: &[PhysRange], attrs: &Attrs) -> Result<()> {
@@ -158,10 +260,19 @@ impl Kdamond {
         self.index
     }
 
-    pub fn start(&mut self) -> Result<()> {
-        write(&self.dir.join("state"), "on")?;
-        self.started = true;
-        Ok(())
+    /// Whether the kdamond still runs (someone else may have turned it off).
+    pub fn running(&self) -> bool {
+        read(&self.dir.join("state")).is_ok_and(|s| s == "on")
+    }
+
+    /// Still configured as the agent left it: paddr, one target, one stat scheme.
+    fn looks_ours(&self) -> bool {
+        let ctx = self.ctx();
+        read(&self.dir.join("contexts/nr_contexts")).is_ok_and(|s| s == "1")
+            && read(&ctx.join("operations")).is_ok_and(|s| s == "paddr")
+            && read(&ctx.join("targets/nr_targets")).is_ok_and(|s| s == "1")
+            && read(&ctx.join("schemes/nr_schemes")).is_ok_and(|s| s == "1")
+            && read(&ctx.join("schemes/0/action")).is_ok_and(|s| s == "stat")
     }
 
     /// Applies what was written since to the running kdamond (`state commit`, which blocks
@@ -190,21 +301,31 @@ impl Kdamond {
         read_tried_regions(&self.ctx().join("schemes/0/tried_regions"))
     }
 
-    /// Turns the kdamond off, and removes it if it is the only one (see the module docs).
+    /// Turns the kdamond off if the agent started it and it still runs, and removes its
+    /// directory if it is the only one and still configured as the agent left it. A kdamond
+    /// someone else turned off is left as it is.
     pub fn remove(&mut self) -> Result<()> {
         let state = self.dir.join("state");
-        if read(&state).map(|s| s == "on").unwrap_or(false) {
+        if self.started {
+            if !self.running() {
+                tracing::warn!(
+                    "kdamond {} was turned off by someone else: leaving it as it is",
+                    self.index
+                );
+                self.started = false;
+                return Ok(());
+            }
             write(&state, "off")?;
+            self.started = false;
         }
-        self.started = false;
         let nr_path = self.root.join("kdamonds/nr_kdamonds");
         let nr = read_u64(&nr_path)?;
-        if nr == self.index + 1 && self.index == 0 {
+        if nr == self.index + 1 && self.index == 0 && self.looks_ours() {
             write(&nr_path, "0")?;
         } else {
             tracing::warn!(
                 nr_kdamonds = nr,
-                "other kdamonds were created meanwhile: leaving kdamond {} off, not removed",
+                "the kdamond directories changed meanwhile: leaving kdamond {} off, not removed",
                 self.index
             );
         }
@@ -316,8 +437,11 @@ mod tests {
             )
             .unwrap();
         }
-        let mut k = Kdamond::create(d.path(), &ranges, &attrs()).unwrap();
+        let Start::Running(mut k) = Kdamond::start_new(d.path(), &ranges, &attrs()).unwrap() else {
+            panic!("busy")
+        };
         assert_eq!(k.index(), 0);
+        assert_eq!(get(&d, "state"), "on");
         assert_eq!(
             std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
             "1"
@@ -342,8 +466,6 @@ mod tests {
             get(&d, "contexts/0/monitoring_attrs/nr_regions/max"),
             "1000"
         );
-        k.start().unwrap();
-        assert_eq!(get(&d, "state"), "on");
         let mut a = attrs();
         a.aggr_us = 400_000;
         k.write_attrs(&a).unwrap();
@@ -382,6 +504,7 @@ mod tests {
         assert_eq!(get(&d, "contexts/0/targets/0/regions/1/start"), "2097152");
         assert_eq!(get(&d, "contexts/0/targets/0/regions/1/end"), "2101248");
         std::fs::write(d.path().join("kdamonds/0/state"), "on\n").unwrap();
+        assert!(k.running());
         k.remove().unwrap();
         assert_eq!(get(&d, "state"), "off");
         assert_eq!(
@@ -391,19 +514,52 @@ mod tests {
     }
 
     #[test]
-    fn refuses_when_other_kdamonds_exist() {
-        let d = fake(1);
+    fn busy_when_other_kdamonds_exist_and_touches_nothing() {
+        let d = fake(2);
+        d.write("kdamonds/1/state", "on\n");
         let ranges = [PhysRange {
             start: 0,
             end: 1 << 30,
         }];
-        let e = Kdamond::create(d.path(), &ranges, &attrs()).unwrap_err();
-        assert!(format!("{e:#}").contains("other kdamonds exist"), "{e:#}");
-        // untouched
+        let m = TestDir::new("modules");
+        assert_eq!(
+            busy(d.path(), m.path()).unwrap(),
+            Some(Busy::SysfsKdamonds { nr: 2, running: 1 })
+        );
+        let Start::Busy(b) = Kdamond::start_new(d.path(), &ranges, &attrs()).unwrap() else {
+            panic!("started beside other kdamonds")
+        };
+        assert!(b.to_string().contains("cannot add a kdamond"), "{b}");
         assert_eq!(
             std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
-            "1\n"
+            "2\n"
         );
+        assert_eq!(get(&d, "state"), "off");
+        assert_eq!(get(&d, "contexts/0/operations"), "");
+    }
+
+    #[test]
+    fn busy_while_an_exclusive_module_runs() {
+        let d = fake(0);
+        let m = TestDir::new("modules");
+        m.write("damon_reclaim/parameters/enabled", "N\n");
+        m.write("damon_reclaim/parameters/kdamond_pid", "-1\n");
+        m.write("damon_lru_sort/parameters/enabled", "N\n");
+        assert_eq!(busy(d.path(), m.path()).unwrap(), None);
+        m.write("damon_lru_sort/parameters/enabled", "Y\n");
+        m.write("damon_lru_sort/parameters/kdamond_pid", "77\n");
+        let b = busy(d.path(), m.path()).unwrap().unwrap();
+        assert_eq!(
+            b,
+            Busy::Module {
+                name: "damon_lru_sort".into(),
+                kdamond_pid: Some(77)
+            }
+        );
+        assert!(b.to_string().contains("exclusively"), "{b}");
+        // no DAMON at all
+        let none = TestDir::new("nodamon");
+        assert!(busy(none.path(), m.path()).is_err());
     }
 
     #[test]
@@ -426,6 +582,34 @@ mod tests {
     }
 
     #[test]
+    fn leaves_a_kdamond_someone_else_turned_off() {
+        let d = fake(1);
+        let mut k = Kdamond {
+            root: d.path().to_path_buf(),
+            index: 0,
+            dir: d.path().join("kdamonds/0"),
+            started: true,
+        };
+        assert!(!k.running());
+        k.remove().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
+            "1\n"
+        );
+        // off, but reconfigured by someone else (vaddr): not removed either
+        let mut k = Kdamond {
+            started: false,
+            ..k
+        };
+        d.write("kdamonds/0/contexts/0/operations", "vaddr\n");
+        k.remove().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap(),
+            "1\n"
+        );
+    }
+
+    #[test]
     fn refuses_without_paddr() {
         let d = fake(0);
         d.write("kdamonds/0/contexts/0/avail_operations", "vaddr fvaddr\n");
@@ -433,7 +617,7 @@ mod tests {
             start: 0,
             end: 1 << 30,
         }];
-        let e = Kdamond::create(d.path(), &ranges, &attrs()).unwrap_err();
+        let e = Kdamond::start_new(d.path(), &ranges, &attrs()).unwrap_err();
         assert!(format!("{e:#}").contains("no paddr"), "{e:#}");
         // cleaned up after itself
         assert_eq!(

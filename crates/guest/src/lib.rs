@@ -2,19 +2,23 @@
 //! for guests where loading the vtism_guest module is not allowed.
 //!
 //! Pieces, each testable without root against fixture files: `iomem` (System RAM ranges),
-//! `damon` (the DAMON sysfs interface: one kdamond of our own), `confirm` (frame-by-frame
-//! confirmation of DAMON's hot regions), `kpageflags` (page type and THP
-//! heads), `history` (per-frame rounds-seen-hot window, entries hottest first), `pci` (the
-//! ivshmem BAR), `agent` (the loop).
+//! `damon` (the DAMON sysfs interface: one kdamond of our own, when DAMON is free), `rate`
+//! (shares of young windows to access rates), `frames` (per-frame shares, entries hottest
+//! first), `intervals` (the sampling-interval loop), `confirm` (frame-by-frame confirmation of
+//! DAMON's hot regions), `kpageflags` (page type and THP heads), `cpu` (the tracker's CPU
+//! time), `pci` (the ivshmem BAR), `agent` (the loop).
 
 pub mod agent;
 pub mod cli;
 pub mod confirm;
+pub mod cpu;
 pub mod damon;
-pub mod history;
+pub mod frames;
+pub mod intervals;
 pub mod iomem;
 pub mod kpageflags;
 pub mod pci;
+pub mod rate;
 
 #[cfg(test)]
 pub(crate) mod testdir {
