@@ -9,6 +9,7 @@
 //! live in `sys`; QEMU's monitor in `qmp`, `vm` and `mtree`, its process in `process`; sysfs in
 //! `topology`.
 
+pub mod admission;
 pub mod batch;
 pub mod channels;
 pub mod cli;
