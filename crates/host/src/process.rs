@@ -86,7 +86,10 @@ pub struct Vma {
 pub fn parse_maps(text: &str) -> Result<Vec<Vma>, String> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let bad = || format!("maps line {}: `{}`", i + 1, &line[..line.len().min(80)]);
+        let bad = || {
+            let shown: String = line.chars().take(80).collect();
+            format!("maps line {}: `{shown}`", i + 1)
+        };
         let mut f = line.split_whitespace();
         let (span, perms) = (f.next().ok_or_else(bad)?, f.next().ok_or_else(bad)?);
         let (a, b) = span.split_once('-').ok_or_else(bad)?;
@@ -106,8 +109,10 @@ pub fn parse_maps(text: &str) -> Result<Vec<Vma>, String> {
 }
 
 pub fn read_maps(pid: i32) -> io::Result<Vec<Vma>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    parse_maps(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    // Mapping names are the process's to choose (memfd names), and need not be UTF-8.
+    let bytes = std::fs::read(format!("/proc/{pid}/maps"))?;
+    parse_maps(&String::from_utf8_lossy(&bytes))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// `[hva, hva + len)` lies wholly in readable-writable mappings with no gap (guest RAM is
@@ -194,6 +199,9 @@ mod tests {
         assert!(parse_maps("zz-10 rw-p").is_err());
         assert!(parse_maps("20-10 rw-p").is_err());
         assert!(parse_maps("0-20 rw-p\n10-30 rw-p").is_err(), "overlapping");
+        // Found by the qmp_reply fuzz target: an error message cut inside a character.
+        let e = parse_maps(&format!("{}\u{fffd}x", "z".repeat(78))).unwrap_err();
+        assert!(e.contains('\u{fffd}'), "{e}");
         let x = vec![1u8; 1 << 20];
         let mine = read_maps(std::process::id() as i32).unwrap();
         let start = x.as_ptr() as u64;
