@@ -328,6 +328,41 @@ mod tests {
     }
 
     #[test]
+    fn admission_settings_are_bounded_and_named_when_wrong() {
+        use crate::config::Config;
+        let cfg = Config::parse("").unwrap();
+        assert_eq!(cfg.admission, AdmissionConfig::default());
+        let ok = Config::parse(
+            "[admission]\nqemu_executables = [\"qemu-system-x86_64\"]\nqemu_uids = [64055]\n\
+             unsafe_scan_dir = \"refuse\"\nmax_vm_ram_gib = 512\n",
+        )
+        .unwrap();
+        assert_eq!(ok.admission.unsafe_scan_dir, UnsafeDirPolicy::Refuse);
+        assert_eq!(Rules::new(&ok.admission, 1 << 30).max_ram_bytes, 512 << 30);
+        assert_eq!(Rules::new(&cfg.admission, 1 << 30).max_ram_bytes, 1 << 30);
+        for (text, field) in [
+            (
+                "qemu_executables = [\"/usr/bin/qemu\"]",
+                "admission.qemu_executables",
+            ),
+            ("qemu_executables = [\"\"]", "admission.qemu_executables"),
+            ("max_vms = 0", "admission.max_vms"),
+            ("attach_threads = 1000", "admission.attach_threads"),
+            ("max_pending_sockets = 0", "admission.max_pending_sockets"),
+            ("qmp_max_reply_kib = 1", "admission.qmp_max_reply_kib"),
+            (
+                "qmp_exchange_timeout_ms = 100",
+                "admission.qmp_exchange_timeout_ms",
+            ),
+            ("max_vm_ram_gib = 99999999", "admission.max_vm_ram_gib"),
+        ] {
+            let e = Config::parse(&format!("[admission]\n{text}\n")).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{text}: {e}");
+        }
+        assert!(Config::parse("[admission]\nunsafe_scan_dir = \"maybe\"\n").is_err());
+    }
+
+    #[test]
     fn refusals_are_logged_once_each_and_at_a_bounded_rate() {
         let mut log = RefusalLog::default();
         let a = Path::new("/run/x/a.qmp");
