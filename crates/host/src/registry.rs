@@ -346,3 +346,88 @@ impl ManagedVm {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mtree::MappedRange;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::path::Path;
+    use vtism_proto::{Gfn, GfnRange, Hva};
+
+    /// A monitor that greets, accepts capabilities and then says nothing.
+    fn quiet_monitor() -> Qmp {
+        let (client, server) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(server.try_clone().unwrap());
+            let mut w = server;
+            let _ = writeln!(
+                w,
+                r#"{{"QMP": {{"version": {{"qemu": {{"micro": 0, "minor": 2, "major": 7}}}}, "capabilities": []}}}}"#
+            );
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                let id = serde_json::from_str::<serde_json::Value>(&line).unwrap()["id"].clone();
+                let _ = writeln!(w, "{}", serde_json::json!({"return": {}, "id": id}));
+                line.clear();
+            }
+        });
+        Qmp::from_stream(client, Duration::from_secs(2)).unwrap()
+    }
+
+    #[test]
+    fn a_pid_that_names_another_process_drops_the_vm() {
+        let cfg = Config::default();
+        let sysfs = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/sysfs/emuhost-3node/sys");
+        let topo = HostTopology::read(&sysfs, &cfg.topology).unwrap();
+        let me = ProcessIdentity::of(std::process::id() as i32).unwrap();
+        let memory = GuestMemory::new(vec![MappedRange {
+            gfns: GfnRange::new(Gfn(0), Gfn(16)),
+            hva: Hva(0x7000_0000_0000),
+            name: "m".into(),
+        }])
+        .unwrap();
+        let info = |pid| VmInfo {
+            name: "vm".into(),
+            pid,
+            uid: 0,
+            qemu_version: (7, 2, 0),
+            status: "running".into(),
+            memory: memory.clone(),
+            ivshmem: Vec::new(),
+            vcpu_threads: Vec::new(),
+        };
+        let mut reg = Registry::default();
+        let settings = cfg.vm_settings("vm", Path::new("/x.qmp"), memory.bytes());
+        let same = reg.insert(
+            "same".into(),
+            "/a.qmp".into(),
+            quiet_monitor(),
+            info(me.pid),
+            me,
+            None,
+            settings.clone(),
+        );
+        // The process under this pid started at another time: not the QEMU admitted.
+        let reused = ProcessIdentity {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        let other = reg.insert(
+            "reused".into(),
+            "/b.qmp".into(),
+            quiet_monitor(),
+            info(me.pid),
+            reused,
+            None,
+            settings,
+        );
+        assert!(matches!(reg.watch(same, &cfg, true, &topo), Watch::Quiet));
+        match reg.watch(other, &cfg, true, &topo) {
+            Watch::Gone(why) => assert!(why.contains("pid"), "{why}"),
+            _ => panic!("a reused pid was not noticed"),
+        }
+    }
+}
