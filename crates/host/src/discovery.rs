@@ -99,10 +99,12 @@ impl Discovery {
         }
         self.last_scan = Some(Instant::now());
         let backoff = Duration::from_millis(cfg.discovery.retry_backoff_ms);
-        let candidates = candidate_sockets(cfg, &mut self.warned_dirs, &mut self.counts);
+        let (mut candidates, configured) =
+            candidate_sockets(cfg, &mut self.warned_dirs, &mut self.counts);
         let present: HashSet<PathBuf> = candidates.iter().cloned().collect();
         self.backoff.retain(|p, _| present.contains(p));
         self.log.retain(&present);
+        attach_order(&mut candidates, configured, &self.backoff);
         let a = &cfg.admission;
         let settings = AttachSettings {
             command_timeout: Duration::from_millis(cfg.discovery.qmp_timeout_ms),
@@ -267,13 +269,21 @@ fn attach(socket: PathBuf, s: &AttachSettings) -> Outcome {
     }))
 }
 
-/// Sockets named in `[[vm]]` entries, then those found under the scan directories the
-/// admission rules let be scanned; at most `MAX_CANDIDATES`.
+/// The order sockets are queued in: the first `configured` (from `[[vm]]` entries) as they
+/// are, then those never tried, then those that failed, longest ago first. A directory full of
+/// sockets that never answer cannot keep a new VM's socket out of the queue for long.
+fn attach_order(sockets: &mut [PathBuf], configured: usize, failed: &HashMap<PathBuf, Instant>) {
+    let configured = configured.min(sockets.len());
+    sockets[configured..].sort_by_key(|p| failed.get(p).copied());
+}
+
+/// Sockets named in `[[vm]]` entries (how many: the second value), then those found under the
+/// scan directories the admission rules let be scanned; at most `MAX_CANDIDATES`.
 fn candidate_sockets(
     cfg: &Config,
     warned: &mut HashSet<PathBuf>,
     counts: &mut Counts,
-) -> Vec<PathBuf> {
+) -> (Vec<PathBuf>, usize) {
     let mut out: Vec<PathBuf> = cfg
         .vms
         .iter()
@@ -293,10 +303,11 @@ fn candidate_sockets(
     }
     scanned.sort();
     let mut seen: HashSet<PathBuf> = HashSet::new();
-    out.extend(scanned);
     out.retain(|p| seen.insert(p.clone()));
+    let configured = out.len();
+    out.extend(scanned.into_iter().filter(|p| seen.insert(p.clone())));
     out.truncate(MAX_CANDIDATES);
-    out
+    (out, configured.min(MAX_CANDIDATES))
 }
 
 /// Sockets under `dir` (up to `depth` levels) that look like QMP monitors for vtismd, in the
@@ -344,6 +355,26 @@ pub fn scan_dir(
 mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn sockets_never_tried_go_before_those_that_failed() {
+        let p = |s: &str| PathBuf::from(s);
+        let t0 = Instant::now();
+        let failed: HashMap<PathBuf, Instant> = [
+            (p("/q/a.qmp"), t0 + Duration::from_secs(2)),
+            (p("/q/b.qmp"), t0),
+            (p("/cfg.qmp"), t0),
+        ]
+        .into();
+        let mut order = vec![p("/cfg.qmp"), p("/q/a.qmp"), p("/q/b.qmp"), p("/q/new.qmp")];
+        attach_order(&mut order, 1, &failed);
+        assert_eq!(
+            order,
+            [p("/cfg.qmp"), p("/q/new.qmp"), p("/q/b.qmp"), p("/q/a.qmp")]
+        );
+        attach_order(&mut order, 10, &failed);
+        assert_eq!(order[0], p("/cfg.qmp"));
+    }
 
     #[test]
     fn scan_finds_qmp_sockets_but_never_libvirts_monitor() {
