@@ -277,16 +277,21 @@ impl ManagedVm {
                 qmp.begin_exchange(budget);
                 let r = vm::inspect(&mut qmp);
                 qmp.end_exchange();
-                let r = match r {
-                    Ok(info) => match rules.check_memory(&identity, &info) {
+                // A QEMU that exec'd another program keeps its pid and start time: its
+                // executable is checked again, as at admission.
+                let r = match (r, rules.check_peer(identity.pid, qmp.uid)) {
+                    (Ok(_), Err(e)) => Err(RefreshError::Fatal(format!(
+                        "the QEMU process changed: {e}"
+                    ))),
+                    (Ok(info), Ok(_)) => match rules.check_memory(&identity, &info) {
                         Ok(()) => Ok(info),
                         Err(e) => Err(RefreshError::Fatal(format!("{LIE}: {e}"))),
                     },
-                    Err(e) if e.is_lie() => Err(RefreshError::Fatal(format!("{LIE}: {e}"))),
-                    Err(vm::InspectError::Qmp(q)) if q.is_fatal() => {
+                    (Err(e), _) if e.is_lie() => Err(RefreshError::Fatal(format!("{LIE}: {e}"))),
+                    (Err(vm::InspectError::Qmp(q)), _) if q.is_fatal() => {
                         Err(RefreshError::Fatal(format!("QMP: {q}")))
                     }
-                    Err(e) => Err(RefreshError::Failed(e.into())),
+                    (Err(e), _) => Err(RefreshError::Failed(e.into())),
                 };
                 let _ = tx.send((qmp, r));
             });

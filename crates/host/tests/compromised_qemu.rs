@@ -332,3 +332,37 @@ fn a_stale_socket_is_a_counted_failure() {
     drop(good);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_process_that_stops_being_an_allowed_qemu_is_dropped_at_refresh() {
+    // A QEMU that exec's another program keeps its pid and start time; the refresh checks the
+    // executable again. Here the program stays and the allowed list changes, which is the same
+    // check seen from the other side.
+    let dir = test_dir("exec");
+    let vm = spawn_qemu(&dir, "vm", "good");
+    let mut d = daemon(&dir, 200, 10_000);
+    let mut guest = Guest::new(&vm);
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        accepted(d, "vm") >= 2
+    });
+    let mut cfg = Config::parse(&daemon_sections(&dir, 200)).unwrap();
+    cfg.admission.qemu_executables = vec!["qemu-system-*".into()];
+    d.apply_config(cfg).unwrap();
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        vm_status(d, "vm").is_none()
+    });
+    // Nor is it taken again.
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        d.admission_counts()
+            .0
+            .refused
+            .get("not_qemu")
+            .copied()
+            .unwrap_or(0)
+            >= 1
+    });
+    assert!(vm_status(&d, "vm").is_none());
+    d.shutdown();
+    drop(vm);
+    let _ = std::fs::remove_dir_all(&dir);
+}
