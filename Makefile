@@ -16,7 +16,7 @@ help:
 	@echo "make test   run every test (what CI runs)"
 	@echo "make bench  run the criterion benchmarks (figures go to docs/performance.md)"
 	@echo "make bakeoff  vtism against the kernel's tiering and DAMON tiering (docs/bakeoff.md, 2-4 h)"
-	@echo "make fuzz   fuzz the channel reader (scripts/fuzz-channel.sh)"
+	@echo "make fuzz   fuzz the channel reader and the QMP replies (scripts/fuzz-*.sh)"
 
 deps:
 	@scripts/install-deps.sh base
@@ -105,6 +105,7 @@ bench:
 
 fuzz:
 	scripts/fuzz-channel.sh
+	scripts/fuzz-qmp.sh
 
 clean:
 	$(CARGO) clean

@@ -11,6 +11,7 @@ use vtism_engine::{EngineParams, Nanos, NodeId, PoolMode, PoolParams, VmLimits};
 pub struct Config {
     pub daemon: DaemonConfig,
     pub discovery: DiscoveryConfig,
+    pub admission: AdmissionConfig,
     pub channel: ChannelConfig,
     pub mover: MoverConfig,
     pub topology: TopologyConfig,
@@ -144,6 +145,61 @@ impl Default for DiscoveryConfig {
             refresh_interval_ms: 10000,
             qmp_timeout_ms: 3000,
             retry_backoff_ms: 10000,
+        }
+    }
+}
+
+/// What a scan directory writable by others than the admins makes discovery do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnsafeDirPolicy {
+    /// Log it once and scan it anyway (the peer checks still apply to its sockets).
+    #[default]
+    Warn,
+    /// Do not scan it.
+    Refuse,
+}
+
+/// `[admission]`: who may be a VM. A socket's peer must run an allowed executable as an allowed
+/// user, its RAM claims must be mapped in the process, and discovery's threads, queue and VM
+/// count are bounded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Basenames of /proc/<pid>/exe allowed as QEMU (`*` matches any run of characters).
+    pub qemu_executables: Vec<String>,
+    /// uids (SO_PEERCRED) allowed as QEMU; empty = any.
+    pub qemu_uids: Vec<u32>,
+    /// Groups, besides root, that may write to a scan directory.
+    pub admin_gids: Vec<u32>,
+    pub unsafe_scan_dir: UnsafeDirPolicy,
+    /// Largest guest RAM a VM may claim, in GiB; 0 = the host's MemTotal.
+    pub max_vm_ram_gib: u64,
+    /// Most VMs managed at once.
+    pub max_vms: usize,
+    /// Threads that talk to new monitors.
+    pub attach_threads: usize,
+    /// Sockets waiting for an attach thread; more wait for a later scan.
+    pub max_pending_sockets: usize,
+    /// Deadline of a whole exchange with a monitor (attach, refresh), however it trickles.
+    pub qmp_exchange_timeout_ms: u64,
+    /// Longest QMP reply read, in KiB.
+    pub qmp_max_reply_kib: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            qemu_executables: vec!["qemu-system-*".into(), "qemu-kvm".into()],
+            qemu_uids: Vec::new(),
+            admin_gids: Vec::new(),
+            unsafe_scan_dir: UnsafeDirPolicy::Warn,
+            max_vm_ram_gib: 0,
+            max_vms: 256,
+            attach_threads: 2,
+            max_pending_sockets: 64,
+            qmp_exchange_timeout_ms: 10_000,
+            qmp_max_reply_kib: 1024,
         }
     }
 }
@@ -459,6 +515,7 @@ impl Config {
             self.defaults.quota_max_percent,
         )?;
         self.validate_pool()?;
+        self.validate_admission()?;
         let mut names = std::collections::BTreeSet::new();
         for (i, v) in self.vms.iter().enumerate() {
             if v.name.is_empty() && v.qmp_socket.is_none() {
@@ -516,6 +573,48 @@ impl Config {
         self.engine
             .validate()
             .map_err(|e| invalid(format!("engine.{}", e.field), e.problem))?;
+        Ok(())
+    }
+
+    fn validate_admission(&self) -> Result<(), ConfigError> {
+        let a = &self.admission;
+        if a.qemu_executables
+            .iter()
+            .any(|p| p.is_empty() || p.contains('/'))
+        {
+            return Err(invalid(
+                "admission.qemu_executables",
+                "each entry is a file name pattern (no `/`, not empty)",
+            ));
+        }
+        for (f, v, lo, hi) in [
+            ("admission.max_vms", a.max_vms as u64, 1, 4096),
+            ("admission.attach_threads", a.attach_threads as u64, 1, 64),
+            (
+                "admission.max_pending_sockets",
+                a.max_pending_sockets as u64,
+                1,
+                65536,
+            ),
+            (
+                "admission.qmp_max_reply_kib",
+                a.qmp_max_reply_kib,
+                64,
+                65536,
+            ),
+            ("admission.max_vm_ram_gib", a.max_vm_ram_gib, 0, 1 << 20),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err(invalid(f, format!("must be between {lo} and {hi}")));
+            }
+        }
+        let t = a.qmp_exchange_timeout_ms;
+        if !(self.discovery.qmp_timeout_ms..=600_000).contains(&t) {
+            return Err(invalid(
+                "admission.qmp_exchange_timeout_ms",
+                "must be between discovery.qmp_timeout_ms and 600000",
+            ));
+        }
         Ok(())
     }
 

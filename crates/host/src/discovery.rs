@@ -1,35 +1,73 @@
-//! Finding VMs: QMP sockets under `discovery.scan_dirs` and in `[[vm]]` entries, connected and
-//! inspected in background threads (a monitor that never answers holds up no other VM), and
-//! tried again after `discovery.retry_backoff_ms` when that failed or the VM was not taken.
+//! Finding VMs: QMP sockets under `discovery.scan_dirs` and in `[[vm]]` entries, handed to a
+//! fixed number of attach threads through a bounded queue (a monitor that never answers holds
+//! one thread until its exchange deadline, and holds up no VM already managed), admitted only if
+//! the peer is a QEMU process whose RAM claims hold (`admission`), and tried again after
+//! `discovery.retry_backoff_ms` when that failed or the VM was not taken.
 
+use crate::admission::{self, Counts, Refusal, RefusalLog, Rules};
 use crate::config::Config;
+use crate::process::ProcessIdentity;
 use crate::qmp::Qmp;
+use crate::sys;
 use crate::vm::{self, VmInfo};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
 
-/// A VM found on a socket: its monitor, connected, and what it says about the VM.
+/// Most sockets considered per scan: a directory stuffed with sockets costs bounded work.
+pub const MAX_CANDIDATES: usize = 4096;
+
+/// A VM found on a socket: its monitor, connected, what it says about the VM, and the process
+/// it was checked against.
 pub struct Found {
     pub socket: PathBuf,
     pub qmp: Qmp,
     pub info: VmInfo,
+    pub identity: ProcessIdentity,
 }
 
-type Attached = (PathBuf, anyhow::Result<(Qmp, VmInfo)>);
+enum Outcome {
+    Found(Box<Found>),
+    Refused(PathBuf, Refusal),
+    Failed(PathBuf, anyhow::Error),
+}
+
+/// What an attach thread needs, fixed when the socket is queued.
+#[derive(Clone)]
+struct AttachSettings {
+    command_timeout: Duration,
+    exchange_timeout: Duration,
+    max_reply: usize,
+    rules: Rules,
+}
+
+type Job = (PathBuf, AttachSettings);
+type Jobs = Arc<Mutex<mpsc::Receiver<Job>>>;
+
+/// The attach threads' queue, with the thread count and length it was made for.
+struct Queue {
+    tx: mpsc::SyncSender<Job>,
+    threads: usize,
+    pending: usize,
+}
 
 pub struct Discovery {
     /// Sockets that failed or were not taken, and when.
     backoff: HashMap<PathBuf, Instant>,
-    /// Sockets with an attach thread under way.
+    /// Sockets queued or with an attach under way.
     attaching: HashSet<PathBuf>,
     last_scan: Option<Instant>,
-    tx: mpsc::Sender<Attached>,
-    rx: mpsc::Receiver<Attached>,
-    /// Attaches that failed, since the start.
-    pub errors: u64,
+    /// The attach threads' queue, and how many threads serve it.
+    jobs: Option<Queue>,
+    tx: mpsc::Sender<Outcome>,
+    rx: mpsc::Receiver<Outcome>,
+    log: RefusalLog,
+    warned_dirs: HashSet<PathBuf>,
+    host_ram_bytes: u64,
+    /// Refusals, failures and deferrals since the start.
+    pub counts: Counts,
 }
 
 impl Default for Discovery {
@@ -39,16 +77,21 @@ impl Default for Discovery {
             backoff: HashMap::new(),
             attaching: HashSet::new(),
             last_scan: None,
+            jobs: None,
             tx,
             rx,
-            errors: 0,
+            log: RefusalLog::default(),
+            warned_dirs: HashSet::new(),
+            host_ram_bytes: admission::host_ram_bytes(),
+            counts: Counts::default(),
         }
     }
 }
 
 impl Discovery {
-    /// Starts an attach thread for each socket that is due (every `discovery.scan_interval_ms`),
-    /// not managed already, not backing off and not being attached.
+    /// Queues each socket that is due (every `discovery.scan_interval_ms`), not managed
+    /// already, not backing off and not queued; sockets named in `[[vm]]` entries first. A full
+    /// queue or `admission.max_vms` leaves the rest for a later scan.
     pub fn scan(&mut self, cfg: &Config, managed: &HashSet<PathBuf>) {
         let interval = Duration::from_millis(cfg.discovery.scan_interval_ms);
         if self.last_scan.is_some_and(|t| t.elapsed() < interval) {
@@ -56,8 +99,21 @@ impl Discovery {
         }
         self.last_scan = Some(Instant::now());
         let backoff = Duration::from_millis(cfg.discovery.retry_backoff_ms);
-        let timeout = Duration::from_millis(cfg.discovery.qmp_timeout_ms);
-        for sock in candidate_sockets(cfg) {
+        let (mut candidates, configured) =
+            candidate_sockets(cfg, &mut self.warned_dirs, &mut self.counts);
+        let present: HashSet<PathBuf> = candidates.iter().cloned().collect();
+        self.backoff.retain(|p, _| present.contains(p));
+        self.log.retain(&present);
+        attach_order(&mut candidates, configured, &self.backoff);
+        let a = &cfg.admission;
+        let settings = AttachSettings {
+            command_timeout: Duration::from_millis(cfg.discovery.qmp_timeout_ms),
+            exchange_timeout: Duration::from_millis(a.qmp_exchange_timeout_ms),
+            max_reply: usize::try_from(a.qmp_max_reply_kib << 10).unwrap_or(usize::MAX),
+            rules: Rules::new(a, self.host_ram_bytes),
+        };
+        let queue = self.queue(a.attach_threads, a.max_pending_sockets);
+        for sock in candidates {
             if managed.contains(&sock)
                 || self.attaching.contains(&sock)
                 || self
@@ -67,36 +123,69 @@ impl Discovery {
             {
                 continue;
             }
-            self.attaching.insert(sock.clone());
-            let tx = self.tx.clone();
-            let spawned = std::thread::Builder::new()
-                .name("vtism-attach".into())
-                .spawn(move || {
-                    let r = Qmp::connect(&sock, timeout)
-                        .map_err(anyhow::Error::from)
-                        .and_then(|mut q| {
-                            let info = vm::inspect(&mut q)?;
-                            Ok((q, info))
-                        });
-                    let _ = tx.send((sock, r));
-                });
-            if let Err(e) = spawned {
-                warn!(error = %e, "cannot start an attach thread");
+            if managed.len() + self.attaching.len() >= a.max_vms {
+                self.counts.deferred += 1;
+                continue;
+            }
+            match queue.try_send((sock.clone(), settings.clone())) {
+                Ok(()) => {
+                    self.attaching.insert(sock);
+                }
+                Err(_) => self.counts.deferred += 1,
             }
         }
     }
 
-    /// The attaches that finished. A socket that failed backs off (and is logged); a VM found
-    /// goes to the caller, which says with `taken` or `refused` what became of it.
+    /// The attach queue, with its threads started (again, if their number or the queue's
+    /// length changed: the old threads finish their socket and end).
+    fn queue(&mut self, threads: usize, pending: usize) -> mpsc::SyncSender<Job> {
+        if let Some(q) = self
+            .jobs
+            .as_ref()
+            .filter(|q| (q.threads, q.pending) == (threads, pending))
+        {
+            return q.tx.clone();
+        }
+        let (q, jobs) = mpsc::sync_channel(pending);
+        let jobs: Jobs = Arc::new(Mutex::new(jobs));
+        for _ in 0..threads {
+            let (jobs, tx) = (jobs.clone(), self.tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name("vtism-attach".into())
+                .spawn(move || attach_worker(&jobs, &tx));
+            if let Err(e) = spawned {
+                warn!(error = %e, "cannot start an attach thread");
+            }
+        }
+        self.jobs = Some(Queue {
+            tx: q.clone(),
+            threads,
+            pending,
+        });
+        q
+    }
+
+    /// The attaches that finished. A socket that failed or was refused backs off (logged once
+    /// per socket and reason, at a bounded rate, and counted); a VM found goes to the caller,
+    /// which says with `taken` or `refused` what became of it.
     pub fn finished(&mut self) -> Vec<Found> {
         let mut out = Vec::new();
-        while let Ok((socket, r)) = self.rx.try_recv() {
-            self.attaching.remove(&socket);
-            match r {
-                Ok((qmp, info)) => out.push(Found { socket, qmp, info }),
-                Err(e) => {
-                    self.errors += 1;
-                    warn!(socket = %socket.display(), error = %format!("{e:#}"), "cannot attach VM; will retry");
+        while let Ok(o) = self.rx.try_recv() {
+            match o {
+                Outcome::Found(f) => {
+                    self.attaching.remove(&f.socket);
+                    out.push(*f);
+                }
+                Outcome::Refused(socket, r) => {
+                    self.attaching.remove(&socket);
+                    *self.counts.refused.entry(r.label()).or_default() += 1;
+                    self.log.log(&socket, r.label(), &r.to_string());
+                    self.backoff.insert(socket, Instant::now());
+                }
+                Outcome::Failed(socket, e) => {
+                    self.attaching.remove(&socket);
+                    self.counts.failed += 1;
+                    self.log.log(&socket, "attach_failed", &format!("{e:#}"));
                     self.backoff.insert(socket, Instant::now());
                 }
             }
@@ -107,6 +196,7 @@ impl Discovery {
     /// The VM on `socket` is managed now.
     pub fn taken(&mut self, socket: &Path) {
         self.backoff.remove(socket);
+        self.log.forget(socket);
     }
 
     /// The VM on `socket` is not managed (ignored, not listed, or refused): try again later.
@@ -119,35 +209,131 @@ impl Discovery {
         self.backoff.clear();
         self.last_scan = None;
     }
+
+    /// Sockets queued or being attached.
+    pub fn pending(&self) -> usize {
+        self.attaching.len()
+    }
 }
 
-/// Sockets named in `[[vm]]` entries and found under the scan directories.
-fn candidate_sockets(cfg: &Config) -> Vec<PathBuf> {
+fn attach_worker(jobs: &Jobs, tx: &mpsc::Sender<Outcome>) {
+    loop {
+        let job = match jobs.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok((socket, settings)) = job else {
+            return; // the queue was replaced or discovery dropped
+        };
+        if tx.send(attach(socket, &settings)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Connects, checks the peer before speaking QMP, inspects the VM within the exchange deadline
+/// and checks its RAM claims against the process.
+fn attach(socket: PathBuf, s: &AttachSettings) -> Outcome {
+    let deadline = Instant::now() + s.exchange_timeout;
+    let stream = match sys::connect_unix_now(&socket) {
+        Ok(st) => st,
+        Err(e) => return Outcome::Failed(socket, anyhow::Error::from(e).context("connect")),
+    };
+    let (pid, uid) = match sys::peer_cred(&stream) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Failed(socket, anyhow::Error::from(e).context("SO_PEERCRED")),
+    };
+    let identity = match s.rules.check_peer(pid, uid) {
+        Ok(i) => i,
+        Err(r) => return Outcome::Refused(socket, r),
+    };
+    let inspected = Qmp::handshake_until(stream, s.command_timeout, deadline, s.max_reply)
+        .map_err(vm::InspectError::from)
+        .and_then(|mut q| vm::inspect(&mut q).map(|i| (q, i)));
+    let (mut qmp, info) = match inspected {
+        Ok(x) => x,
+        Err(e) if e.is_lie() => {
+            return Outcome::Refused(socket, Refusal::MemoryMap { pid, source: e })
+        }
+        Err(e) => return Outcome::Failed(socket, e.into()),
+    };
+    qmp.end_exchange();
+    if let Err(r) = s.rules.check_memory(&identity, &info) {
+        return Outcome::Refused(socket, r);
+    }
+    Outcome::Found(Box::new(Found {
+        socket,
+        qmp,
+        info,
+        identity,
+    }))
+}
+
+/// The order sockets are queued in: the first `configured` (from `[[vm]]` entries) as they
+/// are, then those never tried, then those that failed, longest ago first. A directory full of
+/// sockets that never answer cannot keep a new VM's socket out of the queue for long.
+fn attach_order(sockets: &mut [PathBuf], configured: usize, failed: &HashMap<PathBuf, Instant>) {
+    let configured = configured.min(sockets.len());
+    sockets[configured..].sort_by_key(|p| failed.get(p).copied());
+}
+
+/// Sockets named in `[[vm]]` entries (how many: the second value), then those found under the
+/// scan directories the admission rules let be scanned; at most `MAX_CANDIDATES`.
+fn candidate_sockets(
+    cfg: &Config,
+    warned: &mut HashSet<PathBuf>,
+    counts: &mut Counts,
+) -> (Vec<PathBuf>, usize) {
     let mut out: Vec<PathBuf> = cfg
         .vms
         .iter()
         .filter(|v| !v.ignore)
         .filter_map(|v| v.qmp_socket.clone())
         .collect();
+    let mut scanned = Vec::new();
     for dir in &cfg.discovery.scan_dirs {
-        scan_dir(dir, 2, cfg.discovery.scan_any_socket, &mut out);
+        let mut allow = |d: &Path| admission::scan_allowed(d, &cfg.admission, warned, counts);
+        scan_dir(
+            dir,
+            2,
+            cfg.discovery.scan_any_socket,
+            &mut allow,
+            &mut scanned,
+        );
     }
-    out.sort();
-    out.dedup();
-    out
+    scanned.sort();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
+    out.retain(|p| seen.insert(p.clone()));
+    let configured = out.len();
+    out.extend(scanned.into_iter().filter(|p| seen.insert(p.clone())));
+    out.truncate(MAX_CANDIDATES);
+    (out, configured.min(MAX_CANDIDATES))
 }
 
-/// Sockets under `dir` (up to `depth` levels) that look like QMP monitors for vtismd.
-pub fn scan_dir(dir: &Path, depth: u32, any: bool, out: &mut Vec<PathBuf>) {
+/// Sockets under `dir` (up to `depth` levels) that look like QMP monitors for vtismd, in the
+/// directories `allow` lets be scanned; no more than `MAX_CANDIDATES`.
+pub fn scan_dir(
+    dir: &Path,
+    depth: u32,
+    any: bool,
+    allow: &mut dyn FnMut(&Path) -> bool,
+    out: &mut Vec<PathBuf>,
+) {
     use std::os::unix::fs::FileTypeExt;
+    if !allow(dir) {
+        return;
+    }
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
     for e in rd.flatten() {
+        if out.len() >= MAX_CANDIDATES {
+            return;
+        }
         let Ok(ft) = e.file_type() else { continue };
         let p = e.path();
         if ft.is_dir() && depth > 1 {
-            scan_dir(&p, depth - 1, any, out);
+            scan_dir(&p, depth - 1, any, allow, out);
         } else if ft.is_socket() {
             let name = e.file_name().to_string_lossy().to_string();
             let wanted = name.ends_with(".qmp")
@@ -171,6 +357,26 @@ mod tests {
     use std::os::unix::net::UnixListener;
 
     #[test]
+    fn sockets_never_tried_go_before_those_that_failed() {
+        let p = |s: &str| PathBuf::from(s);
+        let t0 = Instant::now();
+        let failed: HashMap<PathBuf, Instant> = [
+            (p("/q/a.qmp"), t0 + Duration::from_secs(2)),
+            (p("/q/b.qmp"), t0),
+            (p("/cfg.qmp"), t0),
+        ]
+        .into();
+        let mut order = vec![p("/cfg.qmp"), p("/q/a.qmp"), p("/q/b.qmp"), p("/q/new.qmp")];
+        attach_order(&mut order, 1, &failed);
+        assert_eq!(
+            order,
+            [p("/cfg.qmp"), p("/q/new.qmp"), p("/q/b.qmp"), p("/q/a.qmp")]
+        );
+        attach_order(&mut order, 10, &failed);
+        assert_eq!(order[0], p("/cfg.qmp"));
+    }
+
+    #[test]
     fn scan_finds_qmp_sockets_but_never_libvirts_monitor() {
         let d = std::env::temp_dir().join(format!("vtism-scan-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -188,16 +394,23 @@ mod tests {
         .collect();
         std::fs::write(d.join("b.qmp"), b"not a socket").unwrap();
         let mut out = Vec::new();
-        scan_dir(&d, 2, false, &mut out);
+        scan_dir(&d, 2, false, &mut |_| true, &mut out);
         out.sort();
         assert_eq!(out, vec![d.join("a.qmp"), dom.join("vtism.sock")]);
         let mut any = Vec::new();
-        scan_dir(&d, 2, true, &mut any);
+        scan_dir(&d, 2, true, &mut |_| true, &mut any);
         assert!(any.contains(&dom.join("other.sock")));
         assert!(!any.contains(&dom.join("monitor.sock")));
         let mut none = Vec::new();
-        scan_dir(&d.join("missing"), 2, true, &mut none);
+        scan_dir(&d.join("missing"), 2, true, &mut |_| true, &mut none);
         assert!(none.is_empty());
+        let mut not_there = Vec::new();
+        scan_dir(&d, 2, true, &mut |p| p != dom, &mut not_there);
+        assert_eq!(
+            not_there,
+            vec![d.join("a.qmp")],
+            "a refused directory is not entered"
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 }

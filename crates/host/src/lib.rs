@@ -6,8 +6,10 @@
 //! `mover` and `batch` (where pages move), `rate` (move rate limits), `config` (each VM's
 //! settings resolved once), `metrics` (status and Prometheus from typed structs), `serve` (the
 //! metrics endpoint and control socket), and `daemon`, the loop that wires them. System calls
-//! live in `sys`; QEMU's monitor in `qmp`, `vm` and `mtree`; sysfs in `topology`.
+//! live in `sys`; QEMU's monitor in `qmp`, `vm` and `mtree`, its process in `process`; sysfs in
+//! `topology`.
 
+pub mod admission;
 pub mod batch;
 pub mod channels;
 pub mod cli;
@@ -17,6 +19,7 @@ pub mod discovery;
 pub mod metrics;
 pub mod mover;
 pub mod mtree;
+pub mod process;
 pub mod qmp;
 pub mod rate;
 pub mod reconcile;

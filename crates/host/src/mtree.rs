@@ -4,7 +4,27 @@
 
 use serde::Serialize;
 use std::collections::BTreeSet;
+use thiserror::Error;
 use vtism_proto::{Gfn, GfnRange, Gpa, Hva, RamMap, FRAME_SIZE};
+
+/// A memory map QEMU cannot have meant: the numbers overflow or contradict each other.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum MemoryMapError {
+    #[error("RAM range {name} at {start:#x}: offset {offset:#x} overflows")]
+    OffsetOverflow {
+        name: String,
+        start: u64,
+        offset: u64,
+    },
+    #[error("RAM range {name}: host address {hva} is not page-aligned")]
+    HvaUnaligned { name: String, hva: Hva },
+    #[error("RAM range {name}: host address {hva} + {len:#x} bytes overflows")]
+    HvaOverflow { name: String, hva: Hva, len: u64 },
+    #[error("RAM ranges {a} and {b} share host memory at {hva} (aliased guest RAM)")]
+    HvaAliased { a: String, b: String, hva: Hva },
+    #[error("RAM map: {0}")]
+    RamMap(#[from] vtism_proto::RamMapError),
+}
 
 /// One line of a flat view: `[start, end]` inclusive, as QEMU prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -112,20 +132,43 @@ pub fn parse_gpa2hva(text: &str) -> Option<Gpa2Hva> {
 
 /// Guest RAM ranges of the flat view: `ram` ranges whose region is a RAM backend (`ram_names`),
 /// trimmed to whole 4 KiB frames. Device RAM (the ivshmem BAR, VGA memory) and ROM are left out.
-pub fn ram_ranges(flat: &[FlatRange], ram_names: &BTreeSet<String>) -> Vec<FlatRange> {
-    flat.iter()
+/// Ranges at the very top of the address space are never RAM and are dropped; an offset that
+/// overflows is a lie and fails the whole map.
+pub fn ram_ranges(
+    flat: &[FlatRange],
+    ram_names: &BTreeSet<String>,
+) -> Result<Vec<FlatRange>, MemoryMapError> {
+    let mut out = Vec::new();
+    for r in flat
+        .iter()
         .filter(|r| r.kind == "ram" && ram_names.contains(&r.name))
-        .filter_map(|r| {
-            let start = r.start.checked_add(FRAME_SIZE - 1)? & !(FRAME_SIZE - 1);
-            let end_excl = r.end.checked_add(1)? & !(FRAME_SIZE - 1);
-            (end_excl > start).then(|| FlatRange {
-                start,
-                end: end_excl - 1,
-                offset: r.offset + (start - r.start),
-                ..r.clone()
-            })
-        })
-        .collect()
+    {
+        let (Some(start), Some(end_excl)) =
+            (r.start.checked_add(FRAME_SIZE - 1), r.end.checked_add(1))
+        else {
+            continue;
+        };
+        let (start, end_excl) = (start & !(FRAME_SIZE - 1), end_excl & !(FRAME_SIZE - 1));
+        if end_excl <= start {
+            continue;
+        }
+        let offset = r
+            .offset
+            .checked_add(start - r.start)
+            .filter(|o| o.checked_add(end_excl - start).is_some())
+            .ok_or_else(|| MemoryMapError::OffsetOverflow {
+                name: r.name.clone(),
+                start: r.start,
+                offset: r.offset,
+            })?;
+        out.push(FlatRange {
+            start,
+            end: end_excl - 1,
+            offset,
+            ..r.clone()
+        });
+    }
+    Ok(out)
 }
 
 /// A RAM range with its host-virtual base in QEMU.
@@ -136,6 +179,13 @@ pub struct MappedRange {
     pub name: String,
 }
 
+impl MappedRange {
+    /// Bytes of guest RAM in the range (saturating: a range so large is refused anyway).
+    pub fn len_bytes(&self) -> u64 {
+        (self.gfns.end.0.saturating_sub(self.gfns.start.0)).saturating_mul(FRAME_SIZE)
+    }
+}
+
 /// The VM's guest RAM: ranges sorted by address with their HVAs, and the matching RamMap.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GuestMemory {
@@ -144,9 +194,42 @@ pub struct GuestMemory {
 }
 
 impl GuestMemory {
-    pub fn new(mut ranges: Vec<MappedRange>) -> Result<GuestMemory, vtism_proto::RamMapError> {
+    /// Checks what a lying QEMU could get wrong: guest ranges that overlap (RamMap), host
+    /// addresses that are unaligned, run past the end of the address space, or serve two guest
+    /// ranges at once (a page moved for one would silently move the other).
+    pub fn new(mut ranges: Vec<MappedRange>) -> Result<GuestMemory, MemoryMapError> {
         ranges.sort_by_key(|r| r.gfns.start);
         let ram = RamMap::new(ranges.iter().map(|r| r.gfns).collect())?;
+        let mut spans = Vec::with_capacity(ranges.len());
+        for r in &ranges {
+            if r.hva.0 % FRAME_SIZE != 0 {
+                return Err(MemoryMapError::HvaUnaligned {
+                    name: r.name.clone(),
+                    hva: r.hva,
+                });
+            }
+            let len = r.len_bytes();
+            let end = r
+                .hva
+                .0
+                .checked_add(len)
+                .ok_or(MemoryMapError::HvaOverflow {
+                    name: r.name.clone(),
+                    hva: r.hva,
+                    len,
+                })?;
+            spans.push((r.hva.0, end, &r.name));
+        }
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            if w[1].0 < w[0].1 {
+                return Err(MemoryMapError::HvaAliased {
+                    a: w[0].2.clone(),
+                    b: w[1].2.clone(),
+                    hva: Hva(w[1].0),
+                });
+            }
+        }
         Ok(GuestMemory { ranges, ram })
     }
 
@@ -158,9 +241,12 @@ impl GuestMemory {
     pub fn hva(&self, gfn: Gfn) -> Option<Hva> {
         let k = self.ranges.partition_point(|r| r.gfns.start <= gfn);
         let r = self.ranges.get(k.checked_sub(1)?)?;
-        r.gfns
-            .contains(gfn)
-            .then(|| r.hva.offset((gfn.0 - r.gfns.start.0) * FRAME_SIZE))
+        if !r.gfns.contains(gfn) {
+            return None;
+        }
+        // `new` checked that the whole range fits; checked anyway, a lie must not wrap.
+        let off = (gfn.0 - r.gfns.start.0).checked_mul(FRAME_SIZE)?;
+        r.hva.0.checked_add(off).map(Hva)
     }
 
     /// Same backing memory at the same addresses: a refresh that changed nothing.
@@ -219,7 +305,7 @@ mod tests {
             name: "m".into(),
             offset: 0x800,
         }];
-        let r = ram_ranges(&flat, &names);
+        let r = ram_ranges(&flat, &names).unwrap();
         assert_eq!(
             (r[0].start, r[0].end, r[0].offset),
             (0x1000, 0x2fff, 0x1000)
@@ -229,7 +315,7 @@ mod tests {
             end: 0x8ff,
             ..flat[0].clone()
         }];
-        assert!(ram_ranges(&tiny, &names).is_empty());
+        assert!(ram_ranges(&tiny, &names).unwrap().is_empty());
     }
 
     #[test]
@@ -252,5 +338,68 @@ mod tests {
         assert_eq!(m.hva(Gfn(0xa0)), None);
         assert_eq!(m.hva(Gfn(0x200)), None);
         assert_eq!(m.bytes(), (0x100 + 0xa0) * 4096);
+    }
+
+    fn range(start: u64, end: u64, hva: u64, name: &str) -> MappedRange {
+        MappedRange {
+            gfns: GfnRange::new(Gfn(start), Gfn(end)),
+            hva: Hva(hva),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn lying_offsets_are_refused_not_wrapped() {
+        let names: BTreeSet<String> = ["m".to_string()].into();
+        let near_top = |start, end, offset| FlatRange {
+            start,
+            end,
+            prio: 0,
+            kind: "ram".into(),
+            name: "m".into(),
+            offset,
+        };
+        // mtree.rs used to add the trim to the offset unchecked: a panic in debug builds.
+        let e = ram_ranges(&[near_top(0x800, 0x2fff, u64::MAX - 0x10)], &names).unwrap_err();
+        assert!(matches!(e, MemoryMapError::OffsetOverflow { .. }), "{e}");
+        let e = ram_ranges(&[near_top(0, 0xffff, u64::MAX - 0xfff)], &names).unwrap_err();
+        assert!(matches!(e, MemoryMapError::OffsetOverflow { .. }), "{e}");
+        // A range ending at the top of the address space is not RAM; it is dropped, not wrapped.
+        let top = ram_ranges(&[near_top(u64::MAX - 0xffff, u64::MAX, 0)], &names).unwrap();
+        assert!(top.is_empty());
+    }
+
+    #[test]
+    fn lying_host_addresses_are_refused() {
+        let e = GuestMemory::new(vec![range(0, 0x10, 0x7000_0000_0800, "m")]).unwrap_err();
+        assert!(matches!(e, MemoryMapError::HvaUnaligned { .. }), "{e}");
+        let e = GuestMemory::new(vec![range(0, 0x10, u64::MAX - 0xfff - 0x7000, "m")]).unwrap_err();
+        assert!(matches!(e, MemoryMapError::HvaOverflow { .. }), "{e}");
+        let e = GuestMemory::new(vec![range(0, u64::MAX >> 8, 0x1000, "m")]).unwrap_err();
+        assert!(matches!(e, MemoryMapError::HvaOverflow { .. }), "{e}");
+        // Two guest ranges on the same host pages: one move would move both.
+        let e = GuestMemory::new(vec![
+            range(0, 0x100, 0x7000_0000_0000, "a"),
+            range(0x100000, 0x100010, 0x7000_0000_0000 + 0xff000, "b"),
+        ])
+        .unwrap_err();
+        assert!(matches!(e, MemoryMapError::HvaAliased { .. }), "{e}");
+        // Overlapping guest ranges.
+        let e = GuestMemory::new(vec![
+            range(0, 0x100, 0x7000_0000_0000, "a"),
+            range(0x80, 0x180, 0x7100_0000_0000, "b"),
+        ])
+        .unwrap_err();
+        assert!(matches!(e, MemoryMapError::RamMap(_)), "{e}");
+        // Adjacent host ranges are fine, and the last frame below the top of the address
+        // space resolves without wrapping.
+        let m = GuestMemory::new(vec![
+            range(0, 0x100, 0x7000_0000_0000, "a"),
+            range(0x100, 0x200, 0x7000_0010_0000, "b"),
+            range(0x1000, 0x100f, u64::MAX - 0xffff, "c"),
+        ])
+        .unwrap();
+        assert_eq!(m.hva(Gfn(0x100e)), Some(Hva(u64::MAX - 0x1fff)));
+        assert_eq!(m.hva(Gfn(0x100f)), None);
     }
 }

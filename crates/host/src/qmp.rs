@@ -1,5 +1,7 @@
 //! A small synchronous QMP client: greeting, capabilities, commands with ids, buffered events,
 //! the peer's pid from SO_PEERCRED. Every failure is an error value; nothing QEMU sends can panic.
+//! A monitor is not trusted to be quick or brief: each command has a timeout, a whole exchange
+//! (attach, refresh) can have a deadline, and a reply larger than a bound is refused unread.
 
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -9,8 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
-/// Longest line accepted from QEMU (an `info mtree` answer is tens of KiB).
-const MAX_LINE: usize = 16 << 20;
+/// Longest reply accepted by default: QEMU 7.2's largest captured answer (`info mtree -f` of a
+/// two-node machine with a DIMM and ivshmem) is 13 KB, so this leaves room for big machines.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Error)]
 pub enum QmpError {
@@ -20,6 +23,8 @@ pub enum QmpError {
     Disconnected,
     #[error("QMP timed out")]
     Timeout,
+    #[error("QMP reply longer than {0} bytes")]
+    TooLong(usize),
     #[error("QMP protocol: {0}")]
     Protocol(String),
     #[error("QMP command {command} failed: {class}: {desc}")]
@@ -68,6 +73,9 @@ pub struct Qmp {
     events: VecDeque<Event>,
     next_id: u64,
     timeout: Duration,
+    /// End of the exchange under way (`begin_exchange`): no command runs past it.
+    exchange_deadline: Option<Instant>,
+    max_reply: usize,
     pub pid: i32,
     /// The QEMU process's uid (SO_PEERCRED).
     pub uid: u32,
@@ -96,33 +104,95 @@ impl Qmp {
         timeout: Duration,
         record: bool,
     ) -> Result<Qmp, QmpError> {
+        let mut q = Self::unconnected(stream, timeout, None, DEFAULT_MAX_REPLY_BYTES)?;
+        q.transcript = record.then(Vec::new);
+        q.handshake()?;
+        Ok(q)
+    }
+
+    fn unconnected(
+        stream: UnixStream,
+        timeout: Duration,
+        exchange_deadline: Option<Instant>,
+        max_reply: usize,
+    ) -> Result<Qmp, QmpError> {
         let (pid, uid) = crate::sys::peer_cred(&stream)?;
         stream.set_write_timeout(Some(timeout))?;
-        let mut q = Qmp {
+        Ok(Qmp {
             stream,
             lines: LineBuf::default(),
             events: VecDeque::new(),
             next_id: 1,
             timeout,
+            exchange_deadline,
+            max_reply,
             pid,
             uid,
             version: (0, 0, 0),
-            transcript: record.then(Vec::new),
+            transcript: None,
             eof: false,
-        };
-        let deadline = Instant::now() + timeout;
-        let greeting = q.read_value(deadline)?;
+        })
+    }
+
+    /// Connects within `deadline`, which then bounds every command until `end_exchange`;
+    /// replies over `max_reply` bytes are refused.
+    pub fn connect_until(
+        path: &Path,
+        timeout: Duration,
+        deadline: Instant,
+        max_reply: usize,
+    ) -> Result<Qmp, QmpError> {
+        let stream = UnixStream::connect(path)?;
+        Self::handshake_until(stream, timeout, deadline, max_reply)
+    }
+
+    /// As `from_stream`, under a deadline for the whole exchange and a bound on replies.
+    pub fn handshake_until(
+        stream: UnixStream,
+        timeout: Duration,
+        deadline: Instant,
+        max_reply: usize,
+    ) -> Result<Qmp, QmpError> {
+        let mut q = Self::unconnected(stream, timeout, Some(deadline), max_reply)?;
+        q.handshake()?;
+        Ok(q)
+    }
+
+    /// Starts an exchange that must end within `budget`: every command after this fails with
+    /// `Timeout` once the deadline passes, however the monitor trickles its answers.
+    pub fn begin_exchange(&mut self, budget: Duration) {
+        self.exchange_deadline = Some(Instant::now() + budget);
+    }
+
+    pub fn end_exchange(&mut self) {
+        self.exchange_deadline = None;
+    }
+
+    pub fn set_max_reply(&mut self, bytes: usize) {
+        self.max_reply = bytes;
+    }
+
+    /// When the next command must be answered: its own timeout, or the exchange's deadline if
+    /// that comes first.
+    fn deadline(&self) -> Instant {
+        let own = Instant::now() + self.timeout;
+        self.exchange_deadline.map_or(own, |d| d.min(own))
+    }
+
+    fn handshake(&mut self) -> Result<(), QmpError> {
+        let deadline = self.deadline();
+        let greeting = self.read_value(deadline)?;
         let v = greeting
             .get("QMP")
             .ok_or_else(|| QmpError::Protocol(format!("no QMP greeting: {greeting}")))?;
         let qv = &v["version"]["qemu"];
-        q.version = (
+        self.version = (
             qv["major"].as_u64().unwrap_or(0),
             qv["minor"].as_u64().unwrap_or(0),
             qv["micro"].as_u64().unwrap_or(0),
         );
-        q.execute("qmp_capabilities", None)?;
-        Ok(q)
+        self.execute("qmp_capabilities", None)?;
+        Ok(())
     }
 
     fn read_value(&mut self, deadline: Instant) -> Result<Value, QmpError> {
@@ -141,8 +211,8 @@ impl Qmp {
                     ))
                 });
             }
-            if self.lines.buf.len() > MAX_LINE {
-                return Err(QmpError::Protocol("line too long".into()));
+            if self.lines.buf.len() > self.max_reply {
+                return Err(QmpError::TooLong(self.max_reply));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -150,7 +220,9 @@ impl Qmp {
             }
             self.stream.set_read_timeout(Some(deadline - now))?;
             let mut chunk = [0u8; 65536];
-            match self.stream.read(&mut chunk) {
+            // Never more than one byte past the bound, so the buffer stays bounded.
+            let want = (self.max_reply + 1 - self.lines.buf.len()).min(chunk.len());
+            match self.stream.read(&mut chunk[..want]) {
                 Ok(0) => return Err(QmpError::Disconnected),
                 Ok(n) => self.lines.buf.extend_from_slice(&chunk[..n]),
                 Err(e)
@@ -165,6 +237,15 @@ impl Qmp {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    fn take_event_line(&mut self, line: &[u8]) {
+        if let Some(t) = self.transcript.as_mut() {
+            t.push(format!("<- {}", String::from_utf8_lossy(line)));
+        }
+        if let Ok(v) = serde_json::from_slice::<Value>(line) {
+            self.push_event(&v);
         }
     }
 
@@ -194,14 +275,24 @@ impl Qmp {
             t.push(format!("-> {line}"));
         }
         line.push('\n');
+        let deadline = self.deadline();
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(QmpError::Timeout);
+        }
+        self.stream.set_write_timeout(Some(left))?;
         self.stream.write_all(line.as_bytes()).map_err(|e| {
             if e.kind() == io::ErrorKind::BrokenPipe {
                 QmpError::Disconnected
+            } else if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                QmpError::Timeout
             } else {
                 e.into()
             }
         })?;
-        let deadline = Instant::now() + self.timeout;
         loop {
             let v = self.read_value(deadline)?;
             if v.get("event").is_some() {
@@ -251,7 +342,9 @@ impl Qmp {
         }
         self.stream.set_nonblocking(true)?;
         let mut result = Ok(());
-        loop {
+        // A monitor that floods events is read for at most this much per call: the rest waits.
+        let mut budget = self.max_reply;
+        while budget > 0 {
             let mut chunk = [0u8; 65536];
             match self.stream.read(&mut chunk) {
                 Ok(0) => {
@@ -259,9 +352,14 @@ impl Qmp {
                     break;
                 }
                 Ok(n) => {
+                    budget = budget.saturating_sub(n);
                     self.lines.buf.extend_from_slice(&chunk[..n]);
-                    if self.lines.buf.len() > MAX_LINE {
-                        result = Err(QmpError::Protocol("line too long".into()));
+                    // Whole lines are consumed below; only a partial one may be left here.
+                    while let Some(line) = self.lines.take_line() {
+                        self.take_event_line(&line);
+                    }
+                    if self.lines.buf.len() > self.max_reply {
+                        result = Err(QmpError::TooLong(self.max_reply));
                         break;
                     }
                 }
@@ -274,13 +372,9 @@ impl Qmp {
             }
         }
         let _ = self.stream.set_nonblocking(false);
+        // Lines read along with an earlier command's answer.
         while let Some(line) = self.lines.take_line() {
-            if let Some(t) = self.transcript.as_mut() {
-                t.push(format!("<- {}", String::from_utf8_lossy(&line)));
-            }
-            if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                self.push_event(&v);
-            }
+            self.take_event_line(&line);
         }
         if let Err(e) = result {
             if matches!(e, QmpError::Disconnected) && !self.events.is_empty() {
@@ -306,5 +400,125 @@ mod tests {
         assert!(l.take_line().is_none());
         l.buf.extend_from_slice(b":2}\n");
         assert_eq!(l.take_line().unwrap(), b"{\"b\":2}");
+    }
+
+    const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 0, "minor": 2, "major": 7}}, "capabilities": []}}"#;
+
+    /// A monitor on the other end of a socketpair: greets, then answers every command with
+    /// `reply(id)` after `delay`, written `chunk` bytes at a time.
+    fn monitor(
+        delay: Duration,
+        chunk: usize,
+        reply: impl Fn(&Value) -> String + Send + 'static,
+    ) -> UnixStream {
+        use std::io::BufRead;
+        let (client, server) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            let mut r = io::BufReader::new(server.try_clone().unwrap());
+            let mut w = server;
+            writeln!(w, "{GREETING}").unwrap();
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                line.clear();
+                let out = if cmd["execute"] == "qmp_capabilities" {
+                    format!("{}\n", json!({"return": {}, "id": cmd["id"]}))
+                } else {
+                    std::thread::sleep(delay);
+                    reply(&cmd["id"])
+                };
+                for piece in out.as_bytes().chunks(chunk) {
+                    if w.write_all(piece).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        client
+    }
+
+    #[test]
+    fn a_huge_reply_is_refused_with_bounded_memory() {
+        let s = monitor(Duration::ZERO, 1 << 16, |id| {
+            format!("{}\n", json!({"return": "x".repeat(64 << 20), "id": id}))
+        });
+        let mut q = Qmp::from_stream(s, Duration::from_secs(10)).unwrap();
+        let e = q.execute("query-name", None).unwrap_err();
+        assert!(
+            matches!(e, QmpError::TooLong(DEFAULT_MAX_REPLY_BYTES)),
+            "{e}"
+        );
+        assert!(e.is_fatal());
+        assert!(q.lines.buf.len() <= DEFAULT_MAX_REPLY_BYTES + 1);
+        assert!(q.lines.buf.capacity() <= 2 * DEFAULT_MAX_REPLY_BYTES + (64 << 10));
+    }
+
+    #[test]
+    fn a_trickling_monitor_is_cut_off_at_the_exchange_deadline() {
+        // Every answer comes well within the per-command timeout, after 100 ms, a byte a write.
+        let s = monitor(Duration::from_millis(100), 1, |id| {
+            format!("{}\n", json!({"return": {"name": "slow"}, "id": id}))
+        });
+        let mut q = Qmp::from_stream(s, Duration::from_secs(2)).unwrap();
+        q.execute("query-name", None).unwrap();
+        let budget = Duration::from_millis(500);
+        q.begin_exchange(budget);
+        let t = Instant::now();
+        let e = loop {
+            if let Err(e) = q.execute("query-name", None) {
+                break e;
+            }
+            assert!(t.elapsed() < Duration::from_secs(5), "no deadline");
+        };
+        assert!(matches!(e, QmpError::Timeout), "{e}");
+        let took = t.elapsed();
+        assert!(
+            took >= budget && took < budget + Duration::from_millis(300),
+            "the exchange took {took:?}"
+        );
+        q.end_exchange();
+    }
+
+    #[test]
+    fn a_silent_monitor_times_out_at_the_handshake_deadline() {
+        let (client, _server) = UnixStream::pair().unwrap();
+        let t = Instant::now();
+        let deadline = t + Duration::from_millis(200);
+        let e = Qmp::handshake_until(client, Duration::from_secs(30), deadline, 1 << 20)
+            .err()
+            .unwrap();
+        assert!(matches!(e, QmpError::Timeout), "{e}");
+        assert!(t.elapsed() < Duration::from_millis(600));
+    }
+
+    #[test]
+    fn an_event_flood_is_read_in_bounded_slices() {
+        let (client, server) = UnixStream::pair().unwrap();
+        let mut w = server.try_clone().unwrap();
+        let flood = std::thread::spawn(move || {
+            writeln!(w, "{GREETING}").unwrap();
+            let ev = format!(
+                "{}\n",
+                json!({"event": "RTC_CHANGE", "data": {"offset": 0}})
+            );
+            let lots = ev.repeat(4096);
+            while w.write_all(lots.as_bytes()).is_ok() {}
+        });
+        let mut q = Qmp::unconnected(client, Duration::from_secs(2), None, 64 << 10).unwrap();
+        let deadline = q.deadline();
+        q.read_value(deadline).unwrap();
+        for _ in 0..20 {
+            let t = Instant::now();
+            let ev = q.poll_events().unwrap();
+            assert!(ev.len() <= 1024, "events are bounded");
+            assert!(
+                t.elapsed() < Duration::from_millis(500),
+                "{:?}",
+                t.elapsed()
+            );
+        }
+        drop(q);
+        drop(server);
+        flood.join().unwrap();
     }
 }

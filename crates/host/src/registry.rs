@@ -1,18 +1,21 @@
 //! The VMs vtismd manages, as QEMU shows them: identity (name, socket, pid), the QMP monitor,
 //! guest RAM with its host addresses, the home node, the settings resolved from the
 //! configuration; and, per VM, its QMP events, liveness and periodic re-read (hot-plug, reset,
-//! vCPUs that moved). What a VM's watch finds is reported, never acted on here: the daemon lets
-//! the VM go or registers it again with the tiering round.
+//! vCPUs that moved). The re-read runs on a thread of its own under the exchange deadline, so a
+//! slow monitor delays only its own VM; what it reads is checked against the QEMU process as at
+//! admission. What a VM's watch finds is reported, never acted on here: the daemon lets the VM
+//! go or registers it again with the tiering round.
 
-use crate::config::VmSettings;
+use crate::admission::{self, Rules};
+use crate::config::{Config, VmSettings};
 use crate::mtree::GuestMemory;
+use crate::process::ProcessIdentity;
 use crate::qmp::Qmp;
-use crate::sys;
 use crate::topology::HostTopology;
 use crate::vm::{self, VmInfo};
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tracing::{debug, info};
 use vtism_engine::{NodeId, VmId};
@@ -23,7 +26,13 @@ pub struct ManagedVm {
     pub name: String,
     pub socket: PathBuf,
     pub pid: i32,
-    qmp: Qmp,
+    /// The QEMU process as admitted: a pid that now names another process is not this VM.
+    pub identity: ProcessIdentity,
+    /// The monitor; away on the refresh thread while a re-read runs.
+    qmp: Option<Qmp>,
+    refresh: Option<mpsc::Receiver<Refreshing>>,
+    /// A re-read that finished while a plan was in flight, waiting for the plan to end.
+    refreshed: Option<anyhow::Result<VmInfo>>,
     /// Guest RAM with host addresses (shared with a plan in flight).
     pub memory: Arc<GuestMemory>,
     pub home: Option<NodeId>,
@@ -31,6 +40,8 @@ pub struct ManagedVm {
     home_candidate: Option<NodeId>,
     pub attached: Instant,
     last_refresh: Instant,
+    /// A reset or device event seen when the refresh under way started.
+    resync_pending: bool,
     pub settings: VmSettings,
 }
 
@@ -51,12 +62,35 @@ pub enum Watch {
     },
 }
 
-#[derive(Default)]
+/// What a refresh thread hands back: the monitor, and what it read or why it could not.
+type Refreshing = (Qmp, Result<VmInfo, RefreshError>);
+
+enum RefreshError {
+    /// The monitor is unusable (closed, timed out, lying): the VM goes.
+    Fatal(String),
+    Failed(anyhow::Error),
+}
+
 pub struct Registry {
     vms: BTreeMap<VmId, ManagedVm>,
     next_id: u32,
+    host_ram_bytes: u64,
     /// VMs let go since the start.
     pub dropped: u64,
+    /// VMs let go because a refresh found QEMU lying about its memory.
+    pub dropped_lying: u64,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            vms: BTreeMap::new(),
+            next_id: 0,
+            host_ram_bytes: admission::host_ram_bytes(),
+            dropped: 0,
+            dropped_lying: 0,
+        }
+    }
 }
 
 impl Registry {
@@ -66,12 +100,14 @@ impl Registry {
     }
 
     /// Starts keeping a VM found by discovery, under `next_id()`.
+    #[allow(clippy::too_many_arguments)]
     pub fn insert(
         &mut self,
         name: String,
         socket: PathBuf,
         qmp: Qmp,
         info: VmInfo,
+        identity: ProcessIdentity,
         home: Option<NodeId>,
         settings: VmSettings,
     ) -> VmId {
@@ -85,12 +121,16 @@ impl Registry {
                 name,
                 socket,
                 pid: info.pid,
-                qmp,
+                identity,
+                qmp: Some(qmp),
+                refresh: None,
+                refreshed: None,
                 memory: Arc::new(info.memory),
                 home,
                 home_candidate: None,
                 attached: now,
                 last_refresh: now,
+                resync_pending: false,
                 settings,
             },
         );
@@ -137,20 +177,50 @@ impl Registry {
     }
 
     /// One VM's QMP events and liveness, and its re-read when an event asks for one or
-    /// `refresh_every` passed (`may_refresh`: not while a plan is in flight, whose moves use
-    /// the old map).
+    /// `discovery.refresh_interval_ms` passed. The re-read runs on its own thread; its result is
+    /// taken in a later watch, and applied only when `may_refresh` (not while a plan is in
+    /// flight, whose moves use the old map).
     pub fn watch(
         &mut self,
         id: VmId,
-        refresh_every: Duration,
+        cfg: &Config,
         may_refresh: bool,
         topo: &HostTopology,
     ) -> Watch {
+        let host_ram_bytes = self.host_ram_bytes;
         let Some(v) = self.vms.get_mut(&id) else {
             return Watch::Quiet;
         };
+        if !v.identity.is_current() {
+            return Watch::Gone("QEMU process exited (or its pid now names another)".into());
+        }
+        if let Some(rx) = &v.refresh {
+            match rx.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => return Watch::Quiet,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Watch::Gone("the refresh thread ended without an answer".into())
+                }
+                Ok((qmp, r)) => {
+                    v.refresh = None;
+                    v.qmp = Some(qmp);
+                    match r {
+                        Ok(info) => v.refreshed = Some(Ok(info)),
+                        Err(RefreshError::Failed(e)) => return Watch::RefreshFailed(e),
+                        Err(RefreshError::Fatal(why)) => {
+                            if why.starts_with(LIE) {
+                                self.dropped_lying += 1;
+                            }
+                            return Watch::Gone(why);
+                        }
+                    }
+                }
+            }
+        }
+        let Some(qmp) = v.qmp.as_mut() else {
+            return Watch::Gone("no monitor".into());
+        };
         let mut resync = false;
-        match v.qmp.poll_events() {
+        match qmp.poll_events() {
             Ok(events) => {
                 for e in events {
                     debug!(vm = %v.name, event = %e.name, "QMP event");
@@ -165,39 +235,91 @@ impl Registry {
             }
             Err(e) => return Watch::Gone(format!("QMP: {e}")),
         }
-        if !sys::process_alive(v.pid) {
-            return Watch::Gone("QEMU process exited".into());
-        }
-        let periodic = v.last_refresh.elapsed() >= refresh_every && may_refresh;
-        if !(resync || periodic) {
-            return Watch::Quiet;
-        }
-        // Never wait for the mover here: a rate-limited plan can run for many rounds, and the
-        // channels must keep being read meanwhile. A plan in flight keeps its own copy of the
-        // old map; moves it makes on memory that went away fail per page, harmlessly.
-        v.last_refresh = Instant::now();
-        let info = match vm::inspect(&mut v.qmp) {
-            Ok(i) => i,
-            Err(e) => {
-                let fatal = matches!(&e, vm::InspectError::Qmp(q) if q.is_fatal());
-                let e = anyhow::Error::from(e);
-                return if fatal {
-                    Watch::Gone(format!("{e:#}"))
-                } else {
-                    Watch::RefreshFailed(e)
-                };
+        if let Some(done) = v.refreshed.take() {
+            if !may_refresh {
+                v.refreshed = Some(done);
+                return Watch::Quiet;
             }
+            return match done {
+                Ok(info) => v.apply_refresh(info, resync, topo),
+                Err(e) => Watch::RefreshFailed(e),
+            };
+        }
+        let refresh_every = Duration::from_millis(cfg.discovery.refresh_interval_ms);
+        let periodic = v.last_refresh.elapsed() >= refresh_every && may_refresh;
+        if resync || periodic {
+            // Never wait for the mover here: a rate-limited plan can run for many rounds, and
+            // the channels must keep being read meanwhile. A plan in flight keeps its own copy
+            // of the old map; moves it makes on memory that went away fail per page, harmlessly.
+            v.last_refresh = Instant::now();
+            v.start_refresh(cfg, Rules::new(&cfg.admission, host_ram_bytes), resync);
+        }
+        Watch::Quiet
+    }
+}
+
+/// How a refresh that found QEMU lying about its memory is reported.
+const LIE: &str = "QEMU lies about its memory";
+
+impl ManagedVm {
+    /// Hands the monitor to a refresh thread. A reset or device event seen now is kept for
+    /// when the result comes back.
+    fn start_refresh(&mut self, cfg: &Config, rules: Rules, resync: bool) {
+        let Some(mut qmp) = self.qmp.take() else {
+            return;
         };
-        let changed = !info.memory.same_as(&v.memory);
-        let home_moved = v.follow_home(&info, topo);
+        let budget = Duration::from_millis(cfg.admission.qmp_exchange_timeout_ms);
+        let identity = self.identity;
+        let (tx, rx) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("vtism-refresh".into())
+            .spawn(move || {
+                qmp.begin_exchange(budget);
+                let r = vm::inspect(&mut qmp);
+                qmp.end_exchange();
+                // A QEMU that exec'd another program keeps its pid and start time: its
+                // executable is checked again, as at admission.
+                let r = match (r, rules.check_peer(identity.pid, qmp.uid)) {
+                    (Ok(_), Err(e)) => Err(RefreshError::Fatal(format!(
+                        "the QEMU process changed: {e}"
+                    ))),
+                    (Ok(info), Ok(_)) => match rules.check_memory(&identity, &info) {
+                        Ok(()) => Ok(info),
+                        Err(e) => Err(RefreshError::Fatal(format!("{LIE}: {e}"))),
+                    },
+                    (Err(e), _) if e.is_lie() => Err(RefreshError::Fatal(format!("{LIE}: {e}"))),
+                    (Err(vm::InspectError::Qmp(q)), _) if q.is_fatal() => {
+                        Err(RefreshError::Fatal(format!("QMP: {q}")))
+                    }
+                    (Err(e), _) => Err(RefreshError::Failed(e.into())),
+                };
+                let _ = tx.send((qmp, r));
+            });
+        match spawned {
+            Ok(_) => {
+                self.refresh = Some(rx);
+                self.resync_pending |= resync;
+            }
+            Err(e) => {
+                // The closure (and the monitor in it) is gone with the failed spawn.
+                self.refreshed = Some(Err(anyhow::anyhow!("cannot start a refresh thread: {e}")));
+            }
+        }
+    }
+
+    /// A re-read that came back, compared with what the VM had.
+    fn apply_refresh(&mut self, info: VmInfo, resync: bool, topo: &HostTopology) -> Watch {
+        let resync = resync || std::mem::take(&mut self.resync_pending);
+        let changed = !info.memory.same_as(&self.memory);
+        let home_moved = self.follow_home(&info, topo);
         if changed {
             info!(
-                vm = %v.name, ram_mib = info.memory.bytes() >> 20, ranges = info.memory.ranges.len(),
+                vm = %self.name, ram_mib = info.memory.bytes() >> 20, ranges = info.memory.ranges.len(),
                 reset = resync, "memory map changed; re-registering"
             );
-            v.memory = Arc::new(info.memory.clone());
+            self.memory = Arc::new(info.memory.clone());
         } else if resync || home_moved {
-            info!(vm = %v.name, reset = resync, home = ?v.home.map(|h| h.0), "re-registering");
+            info!(vm = %self.name, reset = resync, home = ?self.home.map(|h| h.0), "re-registering");
         }
         Watch::Refreshed {
             info,
@@ -205,9 +327,7 @@ impl Registry {
             reregister: changed || resync || home_moved,
         }
     }
-}
 
-impl ManagedVm {
     /// The home node follows the vCPU threads (unless the configuration names it); an answer
     /// that differs from the current home moves it only when the next refresh agrees, so vCPUs
     /// that merely wander for a moment do not make the engine relearn the VM. True if it moved.
@@ -229,5 +349,90 @@ impl ManagedVm {
         self.home = seen;
         self.home_candidate = None;
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mtree::MappedRange;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::path::Path;
+    use vtism_proto::{Gfn, GfnRange, Hva};
+
+    /// A monitor that greets, accepts capabilities and then says nothing.
+    fn quiet_monitor() -> Qmp {
+        let (client, server) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(server.try_clone().unwrap());
+            let mut w = server;
+            let _ = writeln!(
+                w,
+                r#"{{"QMP": {{"version": {{"qemu": {{"micro": 0, "minor": 2, "major": 7}}}}, "capabilities": []}}}}"#
+            );
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 {
+                let id = serde_json::from_str::<serde_json::Value>(&line).unwrap()["id"].clone();
+                let _ = writeln!(w, "{}", serde_json::json!({"return": {}, "id": id}));
+                line.clear();
+            }
+        });
+        Qmp::from_stream(client, Duration::from_secs(2)).unwrap()
+    }
+
+    #[test]
+    fn a_pid_that_names_another_process_drops_the_vm() {
+        let cfg = Config::default();
+        let sysfs = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/sysfs/emuhost-3node/sys");
+        let topo = HostTopology::read(&sysfs, &cfg.topology).unwrap();
+        let me = ProcessIdentity::of(std::process::id() as i32).unwrap();
+        let memory = GuestMemory::new(vec![MappedRange {
+            gfns: GfnRange::new(Gfn(0), Gfn(16)),
+            hva: Hva(0x7000_0000_0000),
+            name: "m".into(),
+        }])
+        .unwrap();
+        let info = |pid| VmInfo {
+            name: "vm".into(),
+            pid,
+            uid: 0,
+            qemu_version: (7, 2, 0),
+            status: "running".into(),
+            memory: memory.clone(),
+            ivshmem: Vec::new(),
+            vcpu_threads: Vec::new(),
+        };
+        let mut reg = Registry::default();
+        let settings = cfg.vm_settings("vm", Path::new("/x.qmp"), memory.bytes());
+        let same = reg.insert(
+            "same".into(),
+            "/a.qmp".into(),
+            quiet_monitor(),
+            info(me.pid),
+            me,
+            None,
+            settings.clone(),
+        );
+        // The process under this pid started at another time: not the QEMU admitted.
+        let reused = ProcessIdentity {
+            start_ticks: me.start_ticks + 1,
+            ..me
+        };
+        let other = reg.insert(
+            "reused".into(),
+            "/b.qmp".into(),
+            quiet_monitor(),
+            info(me.pid),
+            reused,
+            None,
+            settings,
+        );
+        assert!(matches!(reg.watch(same, &cfg, true, &topo), Watch::Quiet));
+        match reg.watch(other, &cfg, true, &topo) {
+            Watch::Gone(why) => assert!(why.contains("pid"), "{why}"),
+            _ => panic!("a reused pid was not noticed"),
+        }
     }
 }

@@ -50,6 +50,53 @@ pub fn peer_cred(sock: &UnixStream) -> io::Result<(i32, u32)> {
     Ok((cred.pid, cred.uid))
 }
 
+/// Connects to a Unix stream socket without waiting: a listener whose backlog is full (one that
+/// never accepts) fails at once with `WouldBlock` instead of holding the caller.
+pub fn connect_unix_now(path: &Path) -> io::Result<UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid empty address.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len()) as libc::socklen_t;
+    // SAFETY: `addr` is a valid sockaddr_un and `len` covers only its initialised part.
+    let r = unsafe {
+        libc::connect(
+            sock.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let s = UnixStream::from(sock);
+    s.set_nonblocking(false)?;
+    Ok(s)
+}
+
 /// move_pages(2) on another process. `nodes = None` only queries where the pages are.
 /// `status[i]` receives the node of page i, or a negative errno. Returns the syscall's result:
 /// `Ok(n)` with n the number of pages not moved (>= 0), or the errno of a whole-call failure.
@@ -204,32 +251,29 @@ impl FileMapping {
 
     /// As `open`, but only a file owned by `owner` (the QEMU process's uid; a root QEMU may use
     /// any): the path comes from QEMU, and a compromised QEMU must not make the daemon write into
-    /// a file its own user does not own.
+    /// a file its own user does not own, nor open a device. Nothing is opened for reading or
+    /// writing before the checks: the path is opened with O_PATH|O_NOFOLLOW (no symlink as the
+    /// last component, no open(2) side effects of a device), checked on that descriptor (a
+    /// regular file, memfd and tmpfs included, owned by `owner`), and only then reopened
+    /// read-write through the descriptor itself, so it is the same inode.
     pub fn open_owned_by(path: &Path, max_len: u64, owner: Option<u32>) -> io::Result<FileMapping> {
         use std::os::unix::fs::MetadataExt;
+        let pinned = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
+        let meta = checked_channel_file(&pinned, owner)?;
+        // O_PATH descriptors reopen through /proc to the very inode they hold.
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC)
-            .open(path)?;
-        let meta = f.metadata()?;
-        if !meta.file_type().is_file() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "channel is not a regular file",
-            ));
+            .open(format!("/proc/self/fd/{}", pinned.as_raw_fd()))?;
+        let again = f.metadata()?;
+        if (again.dev(), again.ino()) != (meta.dev(), meta.ino()) || !again.file_type().is_file() {
+            return Err(io::Error::other("channel file changed while it was opened"));
         }
-        if let Some(uid) = owner {
-            if uid != 0 && meta.uid() != uid {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "channel file is owned by uid {}, QEMU runs as uid {uid}",
-                        meta.uid()
-                    ),
-                ));
-            }
-        }
+        let meta = again;
         let len = (meta.len().min(max_len) & !7) as usize;
         if len < 4096 {
             return Err(io::Error::new(
@@ -273,6 +317,31 @@ impl FileMapping {
         unsafe { vtism_proto::MmapRegion::new(self.ptr, self.len) }
             .expect("page-aligned mapping with a length rounded to 8")
     }
+}
+
+/// The descriptor's file is a regular file owned by `owner` (any owner for a root QEMU or a
+/// path from the configuration).
+fn checked_channel_file(f: &std::fs::File, owner: Option<u32>) -> io::Result<std::fs::Metadata> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = f.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "channel is not a regular file",
+        ));
+    }
+    if let Some(uid) = owner {
+        if uid != 0 && meta.uid() != uid {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "channel file is owned by uid {}, QEMU runs as uid {uid}",
+                    meta.uid()
+                ),
+            ));
+        }
+    }
+    Ok(meta)
 }
 
 impl Drop for FileMapping {
@@ -342,6 +411,91 @@ mod tests {
         );
         let _ = std::fs::remove_file(&p);
         assert!(FileMapping::open(Path::new("/proc/self/status"), 1 << 20).is_err());
+    }
+
+    /// IN_OPEN events on `path` while `f` runs: what the kernel saw opened for I/O (an O_PATH
+    /// descriptor is no open in this sense: no driver or FIFO code runs).
+    fn opens_during(path: &Path, f: impl FnOnce()) -> usize {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: plain syscalls; the buffer is valid for its length.
+        unsafe {
+            let fd = libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC);
+            assert!(fd >= 0);
+            let fd = OwnedFd::from_raw_fd(fd);
+            assert!(libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), libc::IN_OPEN) >= 0);
+            f();
+            let mut buf = [0u8; 4096];
+            let n = libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len());
+            if n <= 0 {
+                0
+            } else {
+                n as usize / std::mem::size_of::<libc::inotify_event>()
+            }
+        }
+    }
+
+    #[test]
+    fn mem_path_is_checked_before_it_is_opened() {
+        let dir = std::env::temp_dir().join(format!("vtism-mempath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = dir.join("real.chan");
+        std::fs::File::create(&real).unwrap().set_len(8192).unwrap();
+        let mine = std::fs::metadata(&real).unwrap().uid();
+        // A FIFO stands for a device: opening it for I/O is an effect in itself.
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let opens = opens_during(&fifo, || {
+            let e = FileMapping::open_owned_by(&fifo, 1 << 20, Some(mine))
+                .err()
+                .unwrap();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        });
+        assert_eq!(opens, 0, "the FIFO was opened before its type was checked");
+        // The check can see an open: a regular file's open is one.
+        let opens = opens_during(&real, || {
+            FileMapping::open_owned_by(&real, 1 << 20, Some(mine)).unwrap();
+        });
+        assert!(opens >= 1);
+        // A symlink, even to an acceptable file, is not followed.
+        let link = dir.join("link.chan");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let opens = opens_during(&real, || {
+            assert!(FileMapping::open_owned_by(&link, 1 << 20, Some(mine)).is_err());
+        });
+        assert_eq!(opens, 0);
+        assert!(FileMapping::open_owned_by(Path::new("/dev/null"), 1 << 20, Some(0)).is_err());
+        // A file of another user is refused without being opened.
+        let other = if mine == 4242 { 4243 } else { 4242 };
+        let opens = opens_during(&real, || {
+            assert!(FileMapping::open_owned_by(&real, 1 << 20, Some(other)).is_err());
+        });
+        assert_eq!(opens, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn connecting_to_a_listener_that_never_accepts_does_not_wait() {
+        let p = std::env::temp_dir().join(format!("vtism-backlog-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let t = std::time::Instant::now();
+        let mut held = Vec::new();
+        let e = loop {
+            match connect_unix_now(&p) {
+                Ok(s) => held.push(s),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 100_000, "the backlog never filled");
+        };
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        drop(l);
+        let _ = std::fs::remove_file(&p);
+        assert!(connect_unix_now(Path::new("/nonexistent/x.qmp")).is_err());
     }
 
     #[test]

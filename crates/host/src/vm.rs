@@ -1,15 +1,20 @@
 //! What the daemon learns about one VM over QMP: name, pid, guest RAM with host addresses, the
 //! channel's backing file, vCPU threads.
 
-use crate::mtree::{self, Gpa2Hva, GuestMemory, MappedRange};
+use crate::mtree::{self, Gpa2Hva, GuestMemory, MappedRange, MemoryMapError};
+use crate::process::{self, Vma};
 use crate::qmp::{Qmp, QmpError};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 use vtism_engine::NodeId;
-use vtism_proto::{Gfn, GfnRange, FRAME_SHIFT};
+use vtism_proto::{Gfn, GfnRange, Hva, FRAME_SHIFT};
+
+/// More RAM ranges than any real machine has (a PC with all 256 DIMM slots filled has a few
+/// hundred); each costs a gpa2hva exchange, so a lying flat view cannot buy unbounded work.
+pub const MAX_RAM_RANGES: usize = 1024;
 
 #[derive(Debug, Error)]
 pub enum InspectError {
@@ -23,8 +28,39 @@ pub enum InspectError {
     Gpa2Hva { gpa: u64, answer: String },
     #[error("gpa2hva {gpa:#x} names region `{got}`, the memory map says `{want}`")]
     RegionMismatch { gpa: u64, got: String, want: String },
-    #[error("RAM map: {0}")]
-    RamMap(#[from] vtism_proto::RamMapError),
+    #[error("memory map: {0}")]
+    Map(#[from] MemoryMapError),
+    #[error("{0} RAM ranges, more than the {MAX_RAM_RANGES} any machine has")]
+    TooManyRanges(usize),
+    #[error(
+        "RAM backend {name}: range at offset {offset:#x} has host base {got}, another has {want}"
+    )]
+    BackendBase {
+        name: String,
+        offset: u64,
+        got: Hva,
+        want: Hva,
+    },
+    #[error("RAM backend {name}: range ends at offset {end:#x}, past its size {size:#x}")]
+    BackendSize { name: String, end: u64, size: u64 },
+    #[error("RAM range {name} ({hva} + {len:#x}) is not mapped read-write in the QEMU process")]
+    NotMapped { name: String, hva: Hva, len: u64 },
+}
+
+impl InspectError {
+    /// QEMU answered, and what it said cannot be true (as opposed to a monitor that failed).
+    pub fn is_lie(&self) -> bool {
+        matches!(
+            self,
+            InspectError::Gpa2Hva { .. }
+                | InspectError::RegionMismatch { .. }
+                | InspectError::Map(_)
+                | InspectError::TooManyRanges(_)
+                | InspectError::BackendBase { .. }
+                | InspectError::BackendSize { .. }
+                | InspectError::NotMapped { .. }
+        )
+    }
 }
 
 /// An ivshmem-plain device and its memory backend.
@@ -133,25 +169,44 @@ pub fn pick_channel<'a>(devs: &'a [IvshmemDevice], prefix: &str) -> Option<&'a I
 /// query-memdev, less ivshmem backends), one gpa2hva per range.
 pub fn guest_memory(q: &mut Qmp, exclude: &BTreeSet<String>) -> Result<GuestMemory, InspectError> {
     let memdevs = q.execute("query-memdev", None)?;
-    let mut names: BTreeSet<String> = as_list(&memdevs)
+    let text = q.hmp("info mtree -f")?;
+    memory_from_answers(&memdevs, &text, exclude, |gpa| {
+        q.hmp(&format!("gpa2hva {gpa:#x}"))
+    })
+}
+
+/// Guest RAM from a monitor's answers (`query-memdev`, `info mtree -f`, and `gpa2hva` asked
+/// per range), believed only as far as they agree with each other: every piece of one backend
+/// at one host base, inside the backend's size, no host memory serving two guest ranges.
+pub fn memory_from_answers(
+    memdevs: &Value,
+    mtree_text: &str,
+    exclude: &BTreeSet<String>,
+    mut gpa2hva: impl FnMut(u64) -> Result<String, QmpError>,
+) -> Result<GuestMemory, InspectError> {
+    let sizes: BTreeMap<String, Option<u64>> = as_list(memdevs)
         .iter()
-        .filter_map(|m| m["id"].as_str().map(str::to_string))
+        .filter_map(|m| Some((m["id"].as_str()?.to_string(), m["size"].as_u64())))
         .collect();
+    let mut names: BTreeSet<String> = sizes.keys().cloned().collect();
     // Machines whose RAM is not a -object backend still call it pc.ram.
     names.insert("pc.ram".to_string());
     for e in exclude {
         names.remove(e);
     }
-    let text = q.hmp("info mtree -f")?;
-    let flat = mtree::parse_memory_flatview(&text).ok_or(InspectError::NoFlatView)?;
-    let ram = mtree::ram_ranges(&flat, &names);
+    let flat = mtree::parse_memory_flatview(mtree_text).ok_or(InspectError::NoFlatView)?;
+    let ram = mtree::ram_ranges(&flat, &names)?;
     if ram.is_empty() {
         return Err(InspectError::NoRam);
     }
+    if ram.len() > MAX_RAM_RANGES {
+        return Err(InspectError::TooManyRanges(ram.len()));
+    }
+    let mut bases: BTreeMap<&str, Hva> = BTreeMap::new();
     let mut ranges = Vec::with_capacity(ram.len());
     for r in &ram {
-        let answer = q.hmp(&format!("gpa2hva {:#x}", r.start))?;
-        match mtree::parse_gpa2hva(&answer) {
+        let answer = gpa2hva(r.start)?;
+        let hva = match mtree::parse_gpa2hva(&answer) {
             Some(Gpa2Hva::Mapped { gpa, region, hva }) if gpa.0 == r.start => {
                 if region != r.name {
                     return Err(InspectError::RegionMismatch {
@@ -160,24 +215,78 @@ pub fn guest_memory(q: &mut Qmp, exclude: &BTreeSet<String>) -> Result<GuestMemo
                         want: r.name.clone(),
                     });
                 }
-                ranges.push(MappedRange {
-                    gfns: GfnRange::new(
-                        Gfn(r.start >> FRAME_SHIFT),
-                        Gfn((r.end + 1) >> FRAME_SHIFT),
-                    ),
-                    hva,
-                    name: r.name.clone(),
-                });
+                hva
             }
             _ => {
                 return Err(InspectError::Gpa2Hva {
                     gpa: r.start,
-                    answer: answer.trim().to_string(),
+                    answer: answer.trim().chars().take(200).collect(),
                 })
             }
-        }
+        };
+        check_backend(r, hva, sizes.get(&r.name).copied().flatten(), &mut bases)?;
+        ranges.push(MappedRange {
+            gfns: GfnRange::new(Gfn(r.start >> FRAME_SHIFT), Gfn((r.end >> FRAME_SHIFT) + 1)),
+            hva,
+            name: r.name.clone(),
+        });
     }
     Ok(GuestMemory::new(ranges)?)
+}
+
+/// One backend is one host mapping: each of its pieces sits at `base + offset`, and no piece
+/// runs past the backend's size (when query-memdev gives one).
+fn check_backend<'a>(
+    r: &'a mtree::FlatRange,
+    hva: Hva,
+    size: Option<u64>,
+    bases: &mut BTreeMap<&'a str, Hva>,
+) -> Result<(), InspectError> {
+    let len = r.end - r.start + 1; // ram_ranges keeps start <= end < u64::MAX
+    let end = r
+        .offset
+        .checked_add(len)
+        .ok_or(MemoryMapError::OffsetOverflow {
+            name: r.name.clone(),
+            start: r.start,
+            offset: r.offset,
+        })?;
+    if let Some(size) = size.filter(|&s| end > s) {
+        return Err(InspectError::BackendSize {
+            name: r.name.clone(),
+            end,
+            size,
+        });
+    }
+    let base = hva.0.checked_sub(r.offset).map(Hva);
+    let want = *bases
+        .entry(&r.name)
+        .or_insert(base.unwrap_or(Hva(u64::MAX)));
+    if base != Some(want) {
+        return Err(InspectError::BackendBase {
+            name: r.name.clone(),
+            offset: r.offset,
+            got: hva,
+            want: Hva(want.0.wrapping_add(r.offset)),
+        });
+    }
+    Ok(())
+}
+
+/// Every RAM range lies in read-write mappings of the QEMU process: gpa2hva cannot point the
+/// mover at memory the process does not have.
+pub fn check_mapped(memory: &GuestMemory, vmas: &[Vma]) -> Result<(), InspectError> {
+    for r in &memory.ranges {
+        let len = r.len_bytes();
+        if !process::covered_rw(vmas, r.hva, len) {
+            return Err(InspectError::NotMapped {
+                name: r.name.clone(),
+                hva: r.hva,
+                len,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Everything about a VM the daemon needs.
@@ -301,5 +410,158 @@ mod tests {
         let ambiguous = [d("a", "x"), d("b", "y")];
         assert!(pick_channel(&ambiguous, "vtism").is_none());
         assert!(pick_channel(&[], "vtism").is_none());
+    }
+
+    fn flat(lines: &[&str]) -> String {
+        let mut t = String::from(
+            "FlatView #0\n AS \"memory\", root: system\n Root memory region: system\n",
+        );
+        for l in lines {
+            t += &format!("  {l}\n");
+        }
+        t
+    }
+
+    /// The answers of a monitor: `memdevs`, the flat view, and gpa2hva per address.
+    fn answers(
+        memdevs: Value,
+        mtree: &str,
+        hvas: &[(u64, &str, u64)],
+    ) -> Result<GuestMemory, InspectError> {
+        let hvas: BTreeMap<u64, String> = hvas
+            .iter()
+            .map(|&(gpa, name, hva)| {
+                (
+                    gpa,
+                    format!("Host virtual address for {gpa:#x} ({name}) is {hva:#x}\r\n"),
+                )
+            })
+            .collect();
+        memory_from_answers(&memdevs, mtree, &BTreeSet::new(), |gpa| {
+            Ok(hvas.get(&gpa).cloned().unwrap_or_default())
+        })
+    }
+
+    const BASE: u64 = 0x7f00_0000_0000;
+
+    #[test]
+    fn consistent_answers_are_believed() {
+        let mtree = flat(&[
+            "0000000000000000-000000000009ffff (prio 0, ram): m0",
+            "0000000000100000-000000000fffffff (prio 0, ram): m0 @0000000000100000",
+        ]);
+        let m = answers(
+            serde_json::json!([{"id": "m0", "size": 256 << 20}]),
+            &mtree,
+            &[(0, "m0", BASE), (0x100000, "m0", BASE + 0x100000)],
+        )
+        .unwrap();
+        assert_eq!(m.ranges.len(), 2);
+        let maps = [Vma {
+            start: BASE,
+            end: BASE + (256 << 20),
+            writable: true,
+        }];
+        check_mapped(&m, &maps).unwrap();
+    }
+
+    #[test]
+    fn lying_answers_are_refused() {
+        let memdevs = serde_json::json!([{"id": "m0", "size": 256 << 20}]);
+        let two = flat(&[
+            "0000000000000000-000000000009ffff (prio 0, ram): m0",
+            "0000000000100000-000000000fffffff (prio 0, ram): m0 @0000000000100000",
+        ]);
+        // gpa2hva puts the second piece of m0 somewhere else than its offset says.
+        let e = answers(
+            memdevs.clone(),
+            &two,
+            &[(0, "m0", BASE), (0x100000, "m0", BASE + 0x900000)],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, InspectError::BackendBase { .. }) && e.is_lie(),
+            "{e}"
+        );
+        // An offset before the mapping's start (hva - offset underflows).
+        let e = answers(
+            memdevs.clone(),
+            &two,
+            &[(0, "m0", BASE), (0x100000, "m0", 0x1000)],
+        )
+        .unwrap_err();
+        assert!(matches!(e, InspectError::BackendBase { .. }), "{e}");
+        // A piece past the backend's size.
+        let past = flat(&["0000000000000000-000000001fffffff (prio 0, ram): m0"]);
+        let e = answers(memdevs.clone(), &past, &[(0, "m0", BASE)]).unwrap_err();
+        assert!(matches!(e, InspectError::BackendSize { .. }), "{e}");
+        // An overflowing offset in the flat view.
+        let wrap = flat(&["0000000000000000-000000000fffffff (prio 0, ram): m0 @fffffffffffff000"]);
+        let e = answers(memdevs.clone(), &wrap, &[(0, "m0", BASE)]).unwrap_err();
+        assert!(matches!(e, InspectError::Map(_)), "{e}");
+        // Two backends on the same host memory.
+        let aliased = flat(&[
+            "0000000000000000-000000000fffffff (prio 0, ram): m0",
+            "0000000010000000-000000001fffffff (prio 0, ram): m1",
+        ]);
+        let e = answers(
+            serde_json::json!([{"id": "m0", "size": 256 << 20}, {"id": "m1", "size": 256 << 20}]),
+            &aliased,
+            &[(0, "m0", BASE), (0x10000000, "m1", BASE + 0x1000)],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, InspectError::Map(MemoryMapError::HvaAliased { .. })),
+            "{e}"
+        );
+        // A flat view with more RAM ranges than any machine.
+        let many: Vec<String> = (0..2000u64)
+            .map(|i| {
+                format!(
+                    "{:016x}-{:016x} (prio 0, ram): m0 @{:016x}",
+                    i << 13,
+                    (i << 13) + 0xfff,
+                    i << 13
+                )
+            })
+            .collect();
+        let many = flat(&many.iter().map(String::as_str).collect::<Vec<_>>());
+        let e = answers(memdevs.clone(), &many, &[]).unwrap_err();
+        assert!(matches!(e, InspectError::TooManyRanges(2000)), "{e}");
+        // gpa2hva answering for another address.
+        let one = flat(&["0000000000000000-000000000009ffff (prio 0, ram): m0"]);
+        let e = answers(memdevs, &one, &[]).unwrap_err();
+        assert!(matches!(e, InspectError::Gpa2Hva { .. }), "{e}");
+    }
+
+    #[test]
+    fn ram_outside_the_process_mappings_is_refused() {
+        let m = GuestMemory::new(vec![MappedRange {
+            gfns: GfnRange::new(Gfn(0), Gfn(0x100)),
+            hva: Hva(BASE),
+            name: "m0".into(),
+        }])
+        .unwrap();
+        let rw = |start, end, writable| Vma {
+            start,
+            end,
+            writable,
+        };
+        check_mapped(&m, &[rw(BASE, BASE + 0x100000, true)]).unwrap();
+        for maps in [
+            vec![],
+            vec![rw(BASE, BASE + 0xff000, true)],
+            vec![rw(BASE, BASE + 0x100000, false)],
+            vec![
+                rw(BASE, BASE + 0x80000, true),
+                rw(BASE + 0x81000, BASE + 0x100000, true),
+            ],
+        ] {
+            let e = check_mapped(&m, &maps).unwrap_err();
+            assert!(
+                matches!(e, InspectError::NotMapped { .. }) && e.is_lie(),
+                "{maps:?}"
+            );
+        }
     }
 }

@@ -281,7 +281,7 @@ fn mtree_dumps_from_qemu() {
         .iter()
         .any(|r| r.name == "mhp" && r.start == 0x1_0000_0000));
     let names = ["m0", "m1", "mhp"].iter().map(|s| s.to_string()).collect();
-    let ram = mtree::ram_ranges(&flat, &names);
+    let ram = mtree::ram_ranges(&flat, &names).unwrap();
     let total: u64 = ram.iter().map(|r| r.end + 1 - r.start).sum();
     assert_eq!(total, (768 << 20) - 0x25000 - 0x10000);
     let pre = std::fs::read_to_string(fixture("qemu-7.2/mtree-numa2-prelaunch.txt")).unwrap();

@@ -198,9 +198,12 @@ fast_quota_mib = 1
         std::thread::sleep(Duration::from_millis(20));
         text = scrape(addr);
         let m = served(&text);
+        // Histogram families are served empty from the start: wait for the first finished
+        // plan's page counts too, which a loaded machine can take more rounds to produce.
         if i > 5
             && m.contains_key("vtism_mover_plan_seconds_bucket")
             && m.contains_key("vtism_hint_rounds_rejected_total")
+            && m.contains_key("vtism_vm_pages_total")
         {
             break;
         }

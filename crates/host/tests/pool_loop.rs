@@ -9,10 +9,9 @@
 
 mod common;
 
-use common::{daemon_sections, fake_qemu, RAM_FRAMES};
+use common::{daemon_sections, fake_qemu, serve_until_killed, spawn_fake_child, Kid, RAM_FRAMES};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,24 +59,12 @@ fn fake_qemu_process() {
         tid,
         stop,
     );
-    // Serves until the parent kills it; exits on its own if the parent went away.
-    let parent = std::os::unix::process::parent_id();
-    let end = Instant::now() + Duration::from_secs(120);
-    while std::os::unix::process::parent_id() == parent && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    serve_until_killed();
     drop(ram);
 }
 
 /// A fake QEMU named `name` in a child process; killed (by its pid) when dropped.
-struct FakeQemu(Child);
-
-impl Drop for FakeQemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+type FakeQemu = Kid;
 
 /// The fake QEMU's vCPU thread id.
 fn vcpu_tid(dir: &Path, name: &str) -> i32 {
@@ -100,35 +87,7 @@ fn pin(tid: i32, cpu: usize) {
 }
 
 fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, FileMapping) {
-    let chan = dir.join(format!("{name}.chan"));
-    std::fs::File::create(&chan)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    let sock = dir.join(format!("qmp/{name}.qmp"));
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "fake_qemu_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("VTISM_FAKE_QEMU_SOCK", &sock)
-        .env("VTISM_FAKE_QEMU_NAME", name)
-        .env("VTISM_FAKE_QEMU_CHAN", &chan)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let q = FakeQemu(child);
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{name} never listened"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let map = FileMapping::open(&chan, 1 << 20).unwrap();
+    let (q, _sock, map) = spawn_fake_child(dir, name, "fake_qemu_process", &[]);
     let region = map.region();
     (q, region, map)
 }

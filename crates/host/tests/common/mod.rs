@@ -61,9 +61,20 @@ pub fn fake_qemu(
     vcpu_tid: i32,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
+    let name = name.to_string();
+    fake_qemu_with(sock, stop, move |cmd| {
+        answer(cmd, &name, &chan, hva, vcpu_tid)
+    })
+}
+
+/// As `fake_qemu`, answering each command with `reply` (which may wait, lie or ramble).
+pub fn fake_qemu_with(
+    sock: PathBuf,
+    stop: Arc<AtomicBool>,
+    reply: impl Fn(&Value) -> Value + Send + 'static,
+) -> std::thread::JoinHandle<()> {
     let l = UnixListener::bind(&sock).unwrap();
     l.set_nonblocking(true).unwrap();
-    let name = name.to_string();
     std::thread::spawn(move || {
         while !stop.load(Ordering::SeqCst) {
             let Ok((s, _)) = l.accept() else {
@@ -84,7 +95,7 @@ pub fn fake_qemu(
                     Ok(0) => break,
                     Ok(_) => {
                         let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                        let a = answer(&cmd, &name, &chan, hva, vcpu_tid);
+                        let a = reply(&cmd);
                         let mut msg = if a.get("error").is_some() {
                             a
                         } else {
@@ -103,8 +114,20 @@ pub fn fake_qemu(
     })
 }
 
-/// The `[daemon]` and `[discovery]` sections of a test daemon: fast rounds, the control socket
-/// and QMP scan directory under `dir`, no metrics listener, the emulated host's captured sysfs.
+/// The file name of this test binary: the fake monitors run in it, so admission must allow it
+/// as the "QEMU" executable.
+pub fn this_executable() -> String {
+    std::env::current_exe()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The `[daemon]`, `[discovery]` and `[admission]` sections of a test daemon: fast rounds, the
+/// control socket and QMP scan directory under `dir`, no metrics listener, the emulated host's
+/// captured sysfs, this test binary admitted as QEMU.
 pub fn daemon_sections(dir: &Path, refresh_interval_ms: u64) -> String {
     let sysfs =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/emuhost-3node/sys");
@@ -121,9 +144,69 @@ scan_interval_ms = 100
 refresh_interval_ms = {refresh_interval_ms}
 retry_backoff_ms = 100
 qmp_timeout_ms = 2000
+[admission]
+qemu_executables = ["{exe}"]
 "#,
+        exe = this_executable(),
         ctl = dir.join("ctl.sock").display(),
         sysfs = sysfs.display(),
         qmp = dir.join("qmp").display(),
     )
+}
+
+/// A child process (a fake QEMU, a spoofer); killed by its pid when dropped.
+pub struct Kid(pub std::process::Child);
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// In a fake QEMU child: serves until the parent kills it, or on its own for at most two
+/// minutes once the parent went away.
+pub fn serve_until_killed() {
+    let parent = std::os::unix::process::parent_id();
+    let end = std::time::Instant::now() + Duration::from_secs(120);
+    while std::os::unix::process::parent_id() == parent && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A fake QEMU named `name` in a child process: this test binary re-run as its test `entry`,
+/// told its socket (`<dir>/qmp/<name>.qmp`), name, channel file (`<dir>/<name>.chan`, created
+/// here) and `env`. Returns once it listens, with the channel mapped.
+pub fn spawn_fake_child(
+    dir: &Path,
+    name: &str,
+    entry: &str,
+    env: &[(&str, &str)],
+) -> (Kid, PathBuf, vtism_host::sys::FileMapping) {
+    let chan = dir.join(format!("{name}.chan"));
+    std::fs::File::create(&chan)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let sock = dir.join(format!("qmp/{name}.qmp"));
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", entry, "--nocapture", "--test-threads=1"])
+        .env("VTISM_FAKE_QEMU_SOCK", &sock)
+        .env("VTISM_FAKE_QEMU_NAME", name)
+        .env("VTISM_FAKE_QEMU_CHAN", &chan)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let kid = Kid(child);
+    let t = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{name} never listened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let map = vtism_host::sys::FileMapping::open(&chan, 1 << 20).unwrap();
+    (kid, sock, map)
 }
