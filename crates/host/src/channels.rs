@@ -4,8 +4,8 @@
 //! The guest is untrusted: every round is validated before the engine sees it, and a round far
 //! over the budget is refused before it is copied.
 
+use crate::channel_file::{ChannelFile, Fault};
 use crate::config::ChannelConfig;
-use crate::sys::FileMapping;
 use crate::vm::{self, VmInfo};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,8 +23,7 @@ pub const OVER_BUDGET: &str = "over_budget";
 
 /// A mapped channel file.
 struct Mapped {
-    path: PathBuf,
-    _map: FileMapping,
+    file: ChannelFile,
     region: MmapRegion,
 }
 
@@ -122,6 +121,15 @@ impl Channels {
         self.by_vm.remove(&vm);
     }
 
+    /// Whether the VM's channel file is still the one mapped, whole (`ChannelFile::check`); a
+    /// VM without a channel has nothing to check.
+    pub fn check(&self, vm: VmId) -> Result<(), Fault> {
+        match self.by_vm.get(&vm).and_then(|c| c.mapped.as_ref()) {
+            Some(m) => m.file.check(),
+            None => Ok(()),
+        }
+    }
+
     /// The next round of a VM's guest, validated against `ram`; `None` when there is nothing new
     /// (or the round was rejected, which is counted). Give the round back with `recycle`.
     pub fn read(&mut self, vm: VmId, ram: &RamMap, cfg: &ChannelConfig) -> Option<HintRound> {
@@ -185,7 +193,7 @@ impl Channels {
         };
         let counters = c.reader.counters();
         ChannelStatus {
-            path: c.mapped.as_ref().map(|m| m.path.clone()),
+            path: c.mapped.as_ref().map(|m| m.file.path().to_path_buf()),
             problem: c.problem.clone(),
             last_round: c.last_round,
             last_round_age_s: c.last_round_at.map(|t| t.elapsed().as_secs_f64()),
@@ -202,9 +210,9 @@ impl Channels {
     }
 }
 
-/// Maps the VM's channel file: the configured path (trusted as written), else the backing file
-/// of its ivshmem device, which must be owned by QEMU's user (a compromised QEMU cannot point
-/// the daemon at a file it does not own).
+/// Maps the VM's channel file: the configured path (any owner), else the backing file of its
+/// ivshmem device, which must be owned by QEMU's user (a compromised QEMU cannot point the daemon
+/// at a file it does not own). Either way a regular file, not through a symbolic link.
 fn open(
     info: &VmInfo,
     configured: Option<&Path>,
@@ -237,17 +245,10 @@ fn open(
             }
         },
     };
-    match FileMapping::open_owned_by(&path, cfg.max_region_mib << 20, owner) {
-        Ok(map) => {
-            let region = map.region();
-            (
-                Some(Mapped {
-                    path,
-                    _map: map,
-                    region,
-                }),
-                None,
-            )
+    match ChannelFile::open(&path, cfg.max_region_mib << 20, owner) {
+        Ok(file) => {
+            let region = file.region();
+            (Some(Mapped { file, region }), None)
         }
         Err(e) => (None, Some(format!("{}: {e}", path.display()))),
     }

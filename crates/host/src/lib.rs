@@ -9,6 +9,7 @@
 //! live in `sys`; QEMU's monitor in `qmp`, `vm` and `mtree`; sysfs in `topology`.
 
 pub mod batch;
+pub mod channel_file;
 pub mod channels;
 pub mod cli;
 pub mod config;
@@ -22,6 +23,7 @@ pub mod rate;
 pub mod reconcile;
 pub mod registry;
 pub mod serve;
+pub mod sigbus;
 pub mod sys;
 pub mod topology;
 pub mod vm;

@@ -9,12 +9,9 @@
 
 mod common;
 
-use common::{daemon_sections, fake_qemu, RAM_FRAMES};
+use common::{daemon_sections, FakeQemu, RAM_FRAMES};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
@@ -27,56 +24,14 @@ use vtism_proto::{
 
 const MIB: u64 = 1 << 20;
 
-/// Not a test of its own: the body of a fake QEMU child process (see `spawn_qemu`). Without its
-/// environment it returns at once.
+/// Not a test of its own: the body of a fake QEMU child process (`common::spawn_qemu`).
 #[test]
 fn fake_qemu_process() {
-    let (Ok(sock), Ok(name), Ok(chan)) = (
-        std::env::var("VTISM_FAKE_QEMU_SOCK"),
-        std::env::var("VTISM_FAKE_QEMU_NAME"),
-        std::env::var("VTISM_FAKE_QEMU_CHAN"),
-    ) else {
-        return;
-    };
-    let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
-    let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
-    // The "vCPU": a thread that only sleeps; its id goes to `<sock>.tid` for the parent, which
-    // moves it between CPUs.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(unsafe { libc::gettid() });
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    });
-    let tid = rx.recv().unwrap();
-    std::fs::write(format!("{sock}.tid"), tid.to_string()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let _server = fake_qemu(
-        PathBuf::from(sock),
-        &name,
-        PathBuf::from(chan),
-        hva,
-        tid,
-        stop,
-    );
-    // Serves until the parent kills it; exits on its own if the parent went away.
-    let parent = std::os::unix::process::parent_id();
-    let end = Instant::now() + Duration::from_secs(120);
-    while std::os::unix::process::parent_id() == parent && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    drop(ram);
+    common::fake_qemu_process();
 }
 
-/// A fake QEMU named `name` in a child process; killed (by its pid) when dropped.
-struct FakeQemu(Child);
-
-impl Drop for FakeQemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, FileMapping) {
+    common::spawn_qemu(dir, name, 1 << 20)
 }
 
 /// The fake QEMU's vCPU thread id.
@@ -97,40 +52,6 @@ fn pin(tid: i32, cpu: usize) {
             std::io::Error::last_os_error()
         );
     }
-}
-
-fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, FileMapping) {
-    let chan = dir.join(format!("{name}.chan"));
-    std::fs::File::create(&chan)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    let sock = dir.join(format!("qmp/{name}.qmp"));
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "fake_qemu_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("VTISM_FAKE_QEMU_SOCK", &sock)
-        .env("VTISM_FAKE_QEMU_NAME", name)
-        .env("VTISM_FAKE_QEMU_CHAN", &chan)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let q = FakeQemu(child);
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "{name} never listened"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let map = FileMapping::open(&chan, 1 << 20).unwrap();
-    let region = map.region();
-    (q, region, map)
 }
 
 fn config(dir: &Path, pool: &str, vms: &str) -> Config {

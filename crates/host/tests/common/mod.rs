@@ -7,9 +7,12 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use vtism_host::sys::FileMapping;
+use vtism_proto::MmapRegion;
 
 pub const RAM_FRAMES: u64 = 1024;
 
@@ -126,4 +129,91 @@ qmp_timeout_ms = 2000
         sysfs = sysfs.display(),
         qmp = dir.join("qmp").display(),
     )
+}
+
+/// The body of a fake QEMU child process (see `spawn_qemu`): each test binary that spawns them
+/// has a `#[test] fn fake_qemu_process` calling this. Without its environment it returns at once.
+pub fn fake_qemu_process() {
+    let (Ok(sock), Ok(name), Ok(chan)) = (
+        std::env::var("VTISM_FAKE_QEMU_SOCK"),
+        std::env::var("VTISM_FAKE_QEMU_NAME"),
+        std::env::var("VTISM_FAKE_QEMU_CHAN"),
+    ) else {
+        return;
+    };
+    let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
+    let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
+    // The "vCPU": a thread that only sleeps; its id goes to `<sock>.tid` for the parent, which
+    // moves it between CPUs.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(unsafe { libc::gettid() });
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let tid = rx.recv().unwrap();
+    std::fs::write(format!("{sock}.tid"), tid.to_string()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let _server = fake_qemu(
+        PathBuf::from(sock),
+        &name,
+        PathBuf::from(chan),
+        hva,
+        tid,
+        stop,
+    );
+    // Serves until the parent kills it; exits on its own if the parent went away.
+    let parent = std::os::unix::process::parent_id();
+    let end = Instant::now() + Duration::from_secs(120);
+    while std::os::unix::process::parent_id() == parent && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(ram);
+}
+
+/// A fake QEMU named `name` in a child process; killed (by its pid) when dropped.
+pub struct FakeQemu(pub Child);
+
+impl Drop for FakeQemu {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A fake QEMU child process serving `qmp/<name>.qmp` under `dir`, with a channel file of
+/// `chan_bytes` (created here) and a mapping of it for the test's guest side.
+pub fn spawn_qemu(dir: &Path, name: &str, chan_bytes: u64) -> (FakeQemu, MmapRegion, FileMapping) {
+    let chan = dir.join(format!("{name}.chan"));
+    std::fs::File::create(&chan)
+        .unwrap()
+        .set_len(chan_bytes)
+        .unwrap();
+    let sock = dir.join(format!("qmp/{name}.qmp"));
+    let child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "fake_qemu_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("VTISM_FAKE_QEMU_SOCK", &sock)
+        .env("VTISM_FAKE_QEMU_NAME", name)
+        .env("VTISM_FAKE_QEMU_CHAN", &chan)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let q = FakeQemu(child);
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{name} never listened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let map = FileMapping::open(&chan, chan_bytes).unwrap();
+    let region = map.region();
+    (q, region, map)
 }
