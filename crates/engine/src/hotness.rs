@@ -230,7 +230,13 @@ impl Tables {
     /// what `hint` does with a duplicate whose page type is unknown. Merging is a maximum and an
     /// OR, so merging the largest degree once equals merging each duplicate in turn.
     #[inline]
-    pub(crate) fn merge_degree(&self, s: &mut FrameState, meaning: CountMeaning, deg: u32, write: bool) {
+    pub(crate) fn merge_degree(
+        &self,
+        s: &mut FrameState,
+        meaning: CountMeaning,
+        deg: u32,
+        write: bool,
+    ) {
         let last = s.last_degree();
         if deg > last {
             let score = if meaning == CountMeaning::RateLevel {
@@ -238,7 +244,9 @@ impl Tables {
             } else {
                 (s.score() as u32 + (deg - last)).min(255)
             };
-            s.0 = (s.0 & !(SCORE_MASK | (DEGREE_MASK << DEGREE_SHIFT))) | score | (deg << DEGREE_SHIFT);
+            s.0 = (s.0 & !(SCORE_MASK | (DEGREE_MASK << DEGREE_SHIFT)))
+                | score
+                | (deg << DEGREE_SHIFT);
         }
         if write {
             s.0 |= WRITE_BIT;

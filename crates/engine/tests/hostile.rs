@@ -115,15 +115,22 @@ fn pc_guest_hints_in_the_first_two_mib() {
     .unwrap();
     let mut e = engine_with(ram);
     for round in 0..4u64 {
-        let mut entries = vec![unit(0x200, 220, false, PageType::Anon), unit(0x400, 220, true, PageType::Anon)];
+        let mut entries = vec![
+            unit(0x200, 220, false, PageType::Anon),
+            unit(0x400, 220, true, PageType::Anon),
+        ];
         // The unit at 0 is not all RAM: ignored, never expanded.
         entries.push(unit(0, 250, false, PageType::Anon));
-        entries.extend(
-            (0x100..0x200)
-                .chain(0..0xa0)
-                .chain(0x3f0..0x410)
-                .map(|g| HintEntry::new(Gfn(g), 180 + round as u32, false, PageType::Anon, false, true)),
-        );
+        entries.extend((0x100..0x200).chain(0..0xa0).chain(0x3f0..0x410).map(|g| {
+            HintEntry::new(
+                Gfn(g),
+                180 + round as u32,
+                false,
+                PageType::Anon,
+                false,
+                true,
+            )
+        }));
         if round % 2 == 1 {
             entries.reverse();
         }
