@@ -994,7 +994,10 @@ mod tests {
         let shipped = Config::parse(include_str!("../../../packaging/vtismd.toml")).unwrap();
         assert_eq!(shipped.mover, c.mover);
         let own = Config::parse("[[vm]]\nname = \"x\"\npromote_mbps = 0\n").unwrap();
-        assert_eq!(own.vm_settings("x", Path::new("/r"), 1 << 30).promote_mbps, 0);
+        assert_eq!(
+            own.vm_settings("x", Path::new("/r"), 1 << 30).promote_mbps,
+            0
+        );
     }
 
     /// Every numeric field has an upper bound (issue 14: unbounded `max_entries`, `entry_budget`
