@@ -43,8 +43,10 @@ struct VmChannel {
     minor: Option<u16>,
     /// What the guest's tracker reported with the last accepted round (v1.1 guests).
     tracker_report: Option<TrackerReport>,
-    /// The VM's fast quota, as the guest is told.
+    /// The VM's fast quota (the guest is told it to `QUOTA_STEPS` of its RAM).
     quota_bytes: u64,
+    /// The VM's RAM, which sets the step of the quota the guest is told.
+    ram_bytes: u64,
 }
 
 /// What `vtism ctl status` and the metrics show of a VM's channel.
@@ -92,6 +94,7 @@ impl Channels {
             minor: None,
             tracker_report: None,
             quota_bytes,
+            ram_bytes: info.memory.bytes(),
         };
         feedback(cfg, &c);
         self.by_vm.insert(vm, c);
@@ -254,6 +257,22 @@ fn open(
     }
 }
 
+/// The quota a guest is told is rounded to 1/`QUOTA_STEPS` of its RAM.
+pub const QUOTA_STEPS: u64 = 32;
+
+/// The fast quota as the guest is told it: rounded to the nearest 1/32 of its RAM (at least one
+/// step when there is a quota). In pool mode a quota follows the other VMs' demand, so telling it
+/// exactly would tell a guest the others' hot-set sizes to the byte; the tracker only needs it
+/// roughly (it sizes its window loops' target by it).
+pub fn quota_told(quota_bytes: u64, ram_bytes: u64) -> u64 {
+    let step = (ram_bytes / QUOTA_STEPS & !4095).max(4096);
+    if quota_bytes == 0 {
+        return 0;
+    }
+    let steps = (quota_bytes + step / 2) / step;
+    (steps.max(1) * step).min(ram_bytes.max(step))
+}
+
 fn feedback(cfg: &ChannelConfig, c: &VmChannel) {
     let Some(m) = &c.mapped else { return };
     let fb = Feedback {
@@ -261,11 +280,37 @@ fn feedback(cfg: &ChannelConfig, c: &VmChannel) {
         entry_budget: cfg.entry_budget,
         min_interval_ms: cfg.min_interval_ms,
         last_status: c.reader.last_status(),
-        fast_quota_bytes: c.quota_bytes,
+        fast_quota_bytes: quota_told(c.quota_bytes, c.ram_bytes),
         rejected_rounds: c.reader.counters().total_rejected() + c.over_budget,
         host_version: HOST_VERSION,
     };
     if let Err(e) = write_feedback(&m.region, &fb) {
         debug!(vm = %c.name, error = %e, "feedback");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the pool's other VMs want moves a guest's quota, but the guest sees it only in steps
+    /// of 1/32 of its RAM: demand changes of the others below a step are invisible to it.
+    #[test]
+    fn the_quota_told_is_coarse() {
+        let gib = 1u64 << 30;
+        let ram = 16 * gib;
+        let step = ram / QUOTA_STEPS;
+        assert_eq!(quota_told(0, ram), 0);
+        assert_eq!(quota_told(1, ram), step, "a quota is never told as none");
+        assert_eq!(quota_told(4 * gib, ram), 4 * gib);
+        // Two other VMs' hot sets 200 MiB apart leave this VM's quota 200 MiB apart: the same
+        // told quota.
+        assert_eq!(quota_told(4 * gib + (100 << 20), ram), 4 * gib);
+        assert_eq!(quota_told(4 * gib - (100 << 20), ram), 4 * gib);
+        assert_eq!(quota_told(4 * gib + step / 2, ram), 4 * gib + step);
+        assert_eq!(quota_told(20 * gib, ram), ram, "never more than the RAM");
+        // Small VMs: steps of 4 KiB at least, so a quota told is a page multiple.
+        assert_eq!(quota_told(5 << 19, 4 << 20), 5 << 19);
+        assert_eq!(quota_told(5000, 64 << 10), 4096);
     }
 }
