@@ -265,7 +265,7 @@ pub const QUOTA_STEPS: u64 = 32;
 /// exactly would tell a guest the others' hot-set sizes to the byte; the tracker only needs it
 /// roughly (it sizes its window loops' target by it).
 pub fn quota_told(quota_bytes: u64, ram_bytes: u64) -> u64 {
-    let step = (ram_bytes / QUOTA_STEPS & !4095).max(4096);
+    let step = ((ram_bytes / QUOTA_STEPS) & !4095).max(4096);
     if quota_bytes == 0 {
         return 0;
     }
