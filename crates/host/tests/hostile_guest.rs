@@ -7,9 +7,9 @@
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use vtism_host::channel_file::ChannelFile;
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_host::sys::FileMapping;
 use vtism_proto::layout::off;
 use vtism_proto::{
     ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, SharedRegion, Tracker,
@@ -57,7 +57,7 @@ struct Guest {
     chan: std::path::PathBuf,
     region: MmapRegion,
     writer: ChannelWriter<MmapRegion>,
-    _map: FileMapping,
+    _map: ChannelFile,
     _qemu: FakeQemu,
 }
 

@@ -13,9 +13,9 @@ use common::{daemon_sections, FakeQemu, RAM_FRAMES};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use vtism_host::channel_file::ChannelFile;
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_host::sys::FileMapping;
 use vtism_proto::layout::off;
 use vtism_proto::{
     ChannelVersion, ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, SharedRegion,
@@ -30,7 +30,7 @@ fn fake_qemu_process() {
     common::fake_qemu_process();
 }
 
-fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, FileMapping) {
+fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, ChannelFile) {
     common::spawn_qemu(dir, name, 1 << 20)
 }
 

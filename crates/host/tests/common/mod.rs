@@ -11,7 +11,7 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vtism_host::sys::FileMapping;
+use vtism_host::channel_file::ChannelFile;
 use vtism_proto::MmapRegion;
 
 pub const RAM_FRAMES: u64 = 1024;
@@ -184,7 +184,7 @@ impl Drop for FakeQemu {
 
 /// A fake QEMU child process serving `qmp/<name>.qmp` under `dir`, with a channel file of
 /// `chan_bytes` (created here) and a mapping of it for the test's guest side.
-pub fn spawn_qemu(dir: &Path, name: &str, chan_bytes: u64) -> (FakeQemu, MmapRegion, FileMapping) {
+pub fn spawn_qemu(dir: &Path, name: &str, chan_bytes: u64) -> (FakeQemu, MmapRegion, ChannelFile) {
     let chan = dir.join(format!("{name}.chan"));
     std::fs::File::create(&chan)
         .unwrap()
@@ -213,7 +213,7 @@ pub fn spawn_qemu(dir: &Path, name: &str, chan_bytes: u64) -> (FakeQemu, MmapReg
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let map = FileMapping::open(&chan, chan_bytes).unwrap();
+    let map = ChannelFile::open(&chan, chan_bytes, None).unwrap();
     let region = map.region();
     (q, region, map)
 }
