@@ -37,6 +37,10 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// Every fault's label, for metrics that show the zeros too.
+    pub const LABELS: [&'static str; 3] =
+        ["channel_truncated", "channel_resized", "channel_replaced"];
+
     /// The metric label.
     pub const fn label(&self) -> &'static str {
         match self {

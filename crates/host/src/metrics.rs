@@ -663,12 +663,12 @@ impl DaemonStatus {
             self.round_cpu_seconds,
         );
         f.counter("vtism_rounds", "Rounds run.", vec![], self.rounds);
-        for (fault, n) in &self.channel_faults {
+        for fault in crate::channel_file::Fault::LABELS {
             f.counter(
                 "vtism_channel_faults",
                 "VMs let go because their channel file was truncated, resized or replaced.",
-                vec![("fault", Cow::Borrowed(*fault))],
-                *n,
+                vec![("fault", Cow::Borrowed(fault))],
+                self.channel_faults.get(fault).copied().unwrap_or(0),
             );
         }
         f.gauge(

@@ -215,10 +215,13 @@ fast_quota_mib = 1
     );
     let m = vtism_host::serve::ctl_request(&dir.join("ctl.sock"), "metrics").unwrap();
     let m = m["metrics"].as_str().unwrap();
-    assert!(
-        m.contains("vtism_channel_faults_total{fault=\"channel_truncated\"} 1"),
-        "{m}"
-    );
+    for line in [
+        "vtism_channel_faults_total{fault=\"channel_truncated\"} 1",
+        "vtism_channel_faults_total{fault=\"channel_resized\"} 0",
+        "vtism_channel_faults_total{fault=\"channel_replaced\"} 1",
+    ] {
+        assert!(m.lines().any(|l| l == line), "no `{line}` in\n{m}");
+    }
 
     d.shutdown();
     drop((good, bad));
