@@ -347,6 +347,62 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// A SIGBUS outside every guarded mapping is not swallowed: the process still dies of it
+    /// (run in a child process: this test binary again, with `VTISM_SIGBUS_CHILD` set).
+    #[test]
+    fn an_unguarded_sigbus_still_ends_the_process() {
+        use std::os::unix::process::ExitStatusExt;
+        if let Ok(dir) = std::env::var("VTISM_SIGBUS_CHILD") {
+            let d = PathBuf::from(dir);
+            let (guarded, plain) = (d.join("guarded"), d.join("plain"));
+            file(&guarded, 8192);
+            file(&plain, 8192);
+            let _g = ChannelFile::open(&guarded, 8192, None).unwrap();
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&plain)
+                .unwrap();
+            // SAFETY: a shared mapping of a file this process made; it is touched after the
+            // file is truncated, on purpose.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    8192,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            f.set_len(0).unwrap();
+            // SAFETY: see above: this read raises SIGBUS.
+            let v = unsafe { std::ptr::read_volatile(p.cast::<u64>().add(600)) };
+            println!("survived with {v}");
+            std::process::exit(0);
+        }
+        let d = temp("unguarded");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "channel_file::tests::an_unguarded_sigbus_still_ends_the_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("VTISM_SIGBUS_CHILD", &d)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGBUS),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
     #[test]
     fn resized_or_replaced_files_are_reported() {
         let d = temp("resize");
