@@ -269,7 +269,7 @@ pub fn quota_told(quota_bytes: u64, ram_bytes: u64) -> u64 {
     if quota_bytes == 0 {
         return 0;
     }
-    let steps = (quota_bytes + step / 2) / step;
+    let steps = quota_bytes.saturating_add(step / 2) / step;
     (steps.max(1) * step).min(ram_bytes.max(step))
 }
 
