@@ -10,7 +10,6 @@
 use super::{Span, VmState, NODES};
 use crate::hotness::{FrameState, RoundHints, Tables, COLD_SLOT, NODE_UNKNOWN, RING};
 use crate::policy::IngestStats;
-use std::collections::HashMap;
 use vtism_proto::{entry, CountMeaning, HintEntry, PageType, HUGE_FRAMES};
 
 /// Hints are prefetched this many entries ahead: random (cold) hints miss every cache level.
@@ -51,12 +50,11 @@ impl HistDelta {
     }
 }
 
-/// Where the entry loop is: the RAM range of the last entry, and the units hinted so far.
+/// Where the entry loop is: the RAM range of the last entry.
 struct Cursor {
     classes: [u16; 512],
     span: Span,
     prefetch_base: *const FrameState,
-    units: HashMap<usize, UnitHint>,
 }
 
 /// A 2 MiB unit hinted in this round (by its head's index): what its entries have merged into
@@ -64,8 +62,8 @@ struct Cursor {
 /// and an OR, so a duplicate that adds nothing is skipped and the others are merged once when
 /// the round is in: a guest repeating one unit a million times costs one entry each, not 512
 /// frame updates each (docs/host.md, "Threat model").
-#[derive(Clone, Copy)]
-struct UnitHint {
+#[derive(Clone, Copy, Debug)]
+pub(super) struct UnitHint {
     /// Largest degree and write merged into every frame of the unit.
     applied: (u32, bool),
     /// Largest degree and write of the duplicates not merged yet.
@@ -188,17 +186,17 @@ impl VmState {
             words = scratch;
         }
         let loop_rates = (rate && !bucketed).then_some(&mut rates);
-        let units = if rate {
-            let units = self.ingest_words::<true>(&rh, words, &mut delta, &mut st, loop_rates);
+        self.unit_hints.clear();
+        if rate {
+            self.ingest_words::<true>(&rh, words, &mut delta, &mut st, loop_rates);
             for (l, n) in self.rate_frames.iter_mut().enumerate() {
                 *n = rates.frames(l);
             }
             self.hot_rate_frames = self.rate_frames[t.hot_rate_level as usize..].iter().sum();
-            units
         } else {
-            self.ingest_words::<false>(&rh, words, &mut delta, &mut st, None)
-        };
-        self.merge_owed(t, &units, &mut delta, &mut st);
+            self.ingest_words::<false>(&rh, words, &mut delta, &mut st, None);
+        }
+        self.merge_owed(t, &mut delta, &mut st);
         self.add_to_histogram(&delta);
         st.applied = st.entries - st.ignored;
         self.dirty = true;
@@ -243,7 +241,6 @@ impl VmState {
     }
 
     /// The entry loop. `RATE`: the counts are rate levels, counted per level in `rates`.
-    /// Returns the 2 MiB units hinted.
     fn ingest_words<const RATE: bool>(
         &mut self,
         rh: &RoundHints<'_>,
@@ -251,7 +248,7 @@ impl VmState {
         delta: &mut HistDelta,
         st: &mut IngestStats,
         mut rates: Option<&mut RateCounts>,
-    ) -> HashMap<usize, UnitHint> {
+    ) {
         let span = self.spans.first().copied().unwrap_or(Span {
             start: 0,
             end: 0,
@@ -261,7 +258,6 @@ impl VmState {
             classes: self.cell_classes(),
             span,
             prefetch_base: prefetch_base(&self.frames, span),
-            units: HashMap::new(),
         };
         // Pairs of entries, the first on lane 0 and the second on lane 1 of the delta; the last
         // `PREFETCH_AHEAD` (and an odd one) without prefetching.
@@ -284,7 +280,6 @@ impl VmState {
         for (i, &w) in tail.iter().enumerate() {
             self.step::<RATE>(rh, &mut c, delta, st, rates.as_deref_mut(), i, w);
         }
-        c.units
     }
 
     /// One entry, counted on `lane` of the deltas.
@@ -345,7 +340,7 @@ impl VmState {
         st: &mut IngestStats,
         lane: usize,
     ) {
-        let (classes, span, units) = (&c.classes, &mut c.span, &mut c.units);
+        let (classes, span) = (&c.classes, &mut c.span);
         let e = HintEntry(w);
         let gfn = e.gfn().0;
         let Some(idx) = self.locate(gfn, span) else {
@@ -365,7 +360,7 @@ impl VmState {
             let typed = e.page_type() != PageType::Unknown;
             let hs = self.frames[idx];
             let hinted = hs.huge_head() && hs.seen() && hs.stamp() == self.round as u8;
-            if let Some(u) = units.get_mut(&idx).filter(|_| hinted) {
+            if let Some(u) = self.unit_hints.get_mut(&idx).filter(|_| hinted) {
                 st.duplicate_units += 1;
                 if !typed || u.typed {
                     u.owed = (u.owed.0.max(deg), u.owed.1 | e.write());
@@ -387,7 +382,7 @@ impl VmState {
                 self.hint_frame::<RATE>(rh, classes, i, w, delta, i);
             }
             let applied = (deg, e.write());
-            units.insert(
+            self.unit_hints.insert(
                 idx,
                 UnitHint {
                     applied,
@@ -449,15 +444,10 @@ impl VmState {
     }
 
     /// What the units' duplicates owe, merged into each unit's frames once.
-    fn merge_owed(
-        &mut self,
-        t: &Tables,
-        units: &HashMap<usize, UnitHint>,
-        delta: &mut HistDelta,
-        st: &mut IngestStats,
-    ) {
+    fn merge_owed(&mut self, t: &Tables, delta: &mut HistDelta, st: &mut IngestStats) {
         let counts = self.counts;
-        for (&head, u) in units {
+        let units = std::mem::take(&mut self.unit_hints);
+        for (&head, u) in &units {
             let (deg, write) = u.owed;
             if deg <= u.applied.0 && (!write || u.applied.1) {
                 continue;
@@ -467,6 +457,8 @@ impl VmState {
                 self.merge_frame(t, i, delta, |s| t.merge_degree(s, counts, deg, write));
             }
         }
+        // Kept for its allocation.
+        self.unit_hints = units;
     }
 
     /// Merges into frame `idx` (hinted this round) with `merge`, moving it in the histogram.
