@@ -175,6 +175,9 @@ impl Daemon {
             let (h, addr) = serve::spawn_metrics(listen, self.published.clone(), self.stop.clone())
                 .with_context(|| format!("daemon.metrics_listen: cannot listen on {listen}"))?;
             info!(%addr, "metrics on http://{addr}/metrics");
+            if !addr.ip().is_loopback() {
+                warn!(%addr, "the metrics endpoint is reachable from other hosts (VM names, counts)");
+            }
             self.metrics_addr = Some(addr);
             self.threads.push(h);
         }
