@@ -222,8 +222,35 @@ impl Tables {
     }
 
     #[inline(always)]
-    fn degree(&self, meaning: CountMeaning, count: u8, write: bool) -> u32 {
+    pub(crate) fn degree(&self, meaning: CountMeaning, count: u8, write: bool) -> u32 {
         self.degrees[meaning as usize][count as usize][write as usize] as u32
+    }
+
+    /// Merges hints of degree `deg` (writes if `write`) into a frame already hinted in `round`:
+    /// what `hint` does with a duplicate whose page type is unknown. Merging is a maximum and an
+    /// OR, so merging the largest degree once equals merging each duplicate in turn.
+    #[inline]
+    pub(crate) fn merge_degree(
+        &self,
+        s: &mut FrameState,
+        meaning: CountMeaning,
+        deg: u32,
+        write: bool,
+    ) {
+        let last = s.last_degree();
+        if deg > last {
+            let score = if meaning == CountMeaning::RateLevel {
+                self.steady[deg as usize] as u32
+            } else {
+                (s.score() as u32 + (deg - last)).min(255)
+            };
+            s.0 = (s.0 & !(SCORE_MASK | (DEGREE_MASK << DEGREE_SHIFT)))
+                | score
+                | (deg << DEGREE_SHIFT);
+        }
+        if write {
+            s.0 |= WRITE_BIT;
+        }
     }
 
     #[inline(always)]
@@ -294,20 +321,7 @@ impl Tables {
         let deg = self.degree(meaning, count, write);
         let rate = meaning == CountMeaning::RateLevel;
         if s.seen() && s.stamp() == round {
-            let last = s.last_degree();
-            if deg > last {
-                let score = if rate {
-                    self.steady[deg as usize] as u32
-                } else {
-                    (s.score() as u32 + (deg - last)).min(255)
-                };
-                s.0 = (s.0 & !(SCORE_MASK | (DEGREE_MASK << DEGREE_SHIFT)))
-                    | score
-                    | (deg << DEGREE_SHIFT);
-            }
-            if write {
-                s.0 |= WRITE_BIT;
-            }
+            self.merge_degree(s, meaning, deg, write);
             if s.page_type() == PageType::Unknown {
                 s.set_type(t);
             }

@@ -63,6 +63,12 @@ pub struct IngestStats {
     pub ignored: u64,
     /// 4 KiB entries covered by a 2 MiB unit hinted in the same round.
     pub covered_by_huge: u64,
+    /// 2 MiB entries of a unit already hinted in the same round (merged per unit, not per
+    /// frame: a round of duplicate units costs what one of each costs).
+    pub duplicate_units: u64,
+    /// Passes over a 2 MiB unit's 512 frames: at most three per unit hinted in the round (its
+    /// first entry, the first duplicate with a page type, the merge of the other duplicates).
+    pub unit_passes: u64,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -10,6 +10,7 @@ use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
 use crate::topology::Topology;
 use crate::types::{Nanos, NodeId, VmId};
+use std::collections::HashMap;
 use vtism_proto::{CountMeaning, Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES};
 
 /// Every frame is visited for maintenance once in this many hint rounds (a slice each round), so
@@ -58,6 +59,8 @@ struct VmState {
     dirty: bool,
     last_observed: Option<Nanos>,
     last_stats: VmPlanStats,
+    /// The 2 MiB units hinted in the round being ingested (`ingest::UnitHint`).
+    unit_hints: HashMap<usize, ingest::UnitHint>,
 }
 
 impl VmState {
@@ -897,6 +900,7 @@ impl Policy for VtismPolicy {
             dirty: true,
             last_observed: None,
             last_stats: VmPlanStats::default(),
+            unit_hints: HashMap::new(),
         };
         self.vms.insert(pos, st);
         Ok(())

@@ -31,8 +31,9 @@
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use vtism_host::channel_file::ChannelFile;
 use vtism_host::qmp::Qmp;
-use vtism_host::sys::{self, FileMapping};
+use vtism_host::sys;
 use vtism_proto::layout::off;
 use vtism_proto::{
     read_feedback, ChannelVersion, ChannelWriter, Gfn, HintEntry, Hva, PageType, RoundMeta,
@@ -85,8 +86,8 @@ fn placement(q: &mut Qmp) -> R<(i32, Vec<(u64, i32)>)> {
     Ok((info.pid, out))
 }
 
-fn open_channel(path: &str) -> R<(FileMapping, vtism_proto::MmapRegion)> {
-    let m = FileMapping::open(Path::new(path), 1 << 30)?;
+fn open_channel(path: &str) -> R<(ChannelFile, vtism_proto::MmapRegion)> {
+    let m = ChannelFile::open(Path::new(path), 1 << 30, None)?;
     let r = m.region();
     Ok((m, r))
 }

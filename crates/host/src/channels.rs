@@ -4,8 +4,8 @@
 //! The guest is untrusted: every round is validated before the engine sees it, and a round far
 //! over the budget is refused before it is copied.
 
+use crate::channel_file::{ChannelFile, Fault};
 use crate::config::ChannelConfig;
-use crate::sys::FileMapping;
 use crate::vm::{self, VmInfo};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,8 +23,7 @@ pub const OVER_BUDGET: &str = "over_budget";
 
 /// A mapped channel file.
 struct Mapped {
-    path: PathBuf,
-    _map: FileMapping,
+    file: ChannelFile,
     region: MmapRegion,
 }
 
@@ -44,8 +43,10 @@ struct VmChannel {
     minor: Option<u16>,
     /// What the guest's tracker reported with the last accepted round (v1.1 guests).
     tracker_report: Option<TrackerReport>,
-    /// The VM's fast quota, as the guest is told.
+    /// The VM's fast quota (the guest is told it to `QUOTA_STEPS` of its RAM).
     quota_bytes: u64,
+    /// The VM's RAM, which sets the step of the quota the guest is told.
+    ram_bytes: u64,
 }
 
 /// What `vtism ctl status` and the metrics show of a VM's channel.
@@ -93,6 +94,7 @@ impl Channels {
             minor: None,
             tracker_report: None,
             quota_bytes,
+            ram_bytes: info.memory.bytes(),
         };
         feedback(cfg, &c);
         self.by_vm.insert(vm, c);
@@ -120,6 +122,15 @@ impl Channels {
 
     pub fn remove(&mut self, vm: VmId) {
         self.by_vm.remove(&vm);
+    }
+
+    /// Whether the VM's channel file is still the one mapped, whole (`ChannelFile::check`); a
+    /// VM without a channel has nothing to check.
+    pub fn check(&self, vm: VmId) -> Result<(), Fault> {
+        match self.by_vm.get(&vm).and_then(|c| c.mapped.as_ref()) {
+            Some(m) => m.file.check(),
+            None => Ok(()),
+        }
     }
 
     /// The next round of a VM's guest, validated against `ram`; `None` when there is nothing new
@@ -185,7 +196,7 @@ impl Channels {
         };
         let counters = c.reader.counters();
         ChannelStatus {
-            path: c.mapped.as_ref().map(|m| m.path.clone()),
+            path: c.mapped.as_ref().map(|m| m.file.path().to_path_buf()),
             problem: c.problem.clone(),
             last_round: c.last_round,
             last_round_age_s: c.last_round_at.map(|t| t.elapsed().as_secs_f64()),
@@ -202,9 +213,9 @@ impl Channels {
     }
 }
 
-/// Maps the VM's channel file: the configured path (trusted as written), else the backing file
-/// of its ivshmem device, which must be owned by QEMU's user (a compromised QEMU cannot point
-/// the daemon at a file it does not own).
+/// Maps the VM's channel file: the configured path (any owner), else the backing file of its
+/// ivshmem device, which must be owned by QEMU's user (a compromised QEMU cannot point the daemon
+/// at a file it does not own). Either way a regular file, not through a symbolic link.
 fn open(
     info: &VmInfo,
     configured: Option<&Path>,
@@ -237,20 +248,29 @@ fn open(
             }
         },
     };
-    match FileMapping::open_owned_by(&path, cfg.max_region_mib << 20, owner) {
-        Ok(map) => {
-            let region = map.region();
-            (
-                Some(Mapped {
-                    path,
-                    _map: map,
-                    region,
-                }),
-                None,
-            )
+    match ChannelFile::open(&path, cfg.max_region_mib << 20, owner) {
+        Ok(file) => {
+            let region = file.region();
+            (Some(Mapped { file, region }), None)
         }
         Err(e) => (None, Some(format!("{}: {e}", path.display()))),
     }
+}
+
+/// The quota a guest is told is rounded to 1/`QUOTA_STEPS` of its RAM.
+pub const QUOTA_STEPS: u64 = 32;
+
+/// The fast quota as the guest is told it: rounded to the nearest 1/32 of its RAM (at least one
+/// step when there is a quota). In pool mode a quota follows the other VMs' demand, so telling it
+/// exactly would tell a guest the others' hot-set sizes to the byte; the tracker only needs it
+/// roughly (it sizes its window loops' target by it).
+pub fn quota_told(quota_bytes: u64, ram_bytes: u64) -> u64 {
+    let step = ((ram_bytes / QUOTA_STEPS) & !4095).max(4096);
+    if quota_bytes == 0 {
+        return 0;
+    }
+    let steps = quota_bytes.saturating_add(step / 2) / step;
+    (steps.max(1) * step).min(ram_bytes.max(step))
 }
 
 fn feedback(cfg: &ChannelConfig, c: &VmChannel) {
@@ -260,11 +280,37 @@ fn feedback(cfg: &ChannelConfig, c: &VmChannel) {
         entry_budget: cfg.entry_budget,
         min_interval_ms: cfg.min_interval_ms,
         last_status: c.reader.last_status(),
-        fast_quota_bytes: c.quota_bytes,
+        fast_quota_bytes: quota_told(c.quota_bytes, c.ram_bytes),
         rejected_rounds: c.reader.counters().total_rejected() + c.over_budget,
         host_version: HOST_VERSION,
     };
     if let Err(e) = write_feedback(&m.region, &fb) {
         debug!(vm = %c.name, error = %e, "feedback");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the pool's other VMs want moves a guest's quota, but the guest sees it only in steps
+    /// of 1/32 of its RAM: demand changes of the others below a step are invisible to it.
+    #[test]
+    fn the_quota_told_is_coarse() {
+        let gib = 1u64 << 30;
+        let ram = 16 * gib;
+        let step = ram / QUOTA_STEPS;
+        assert_eq!(quota_told(0, ram), 0);
+        assert_eq!(quota_told(1, ram), step, "a quota is never told as none");
+        assert_eq!(quota_told(4 * gib, ram), 4 * gib);
+        // Two other VMs' hot sets 200 MiB apart leave this VM's quota 200 MiB apart: the same
+        // told quota.
+        assert_eq!(quota_told(4 * gib + (100 << 20), ram), 4 * gib);
+        assert_eq!(quota_told(4 * gib - (100 << 20), ram), 4 * gib);
+        assert_eq!(quota_told(4 * gib + step / 2, ram), 4 * gib + step);
+        assert_eq!(quota_told(20 * gib, ram), ram, "never more than the RAM");
+        // Small VMs: steps of 4 KiB at least, so a quota told is a page multiple.
+        assert_eq!(quota_told(5 << 19, 4 << 20), 5 << 19);
+        assert_eq!(quota_told(5000, 64 << 10), 4096);
     }
 }

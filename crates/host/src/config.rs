@@ -233,6 +233,25 @@ impl Default for ChannelConfig {
     }
 }
 
+/// The default per-VM move limit, MB/s: a quarter of the default global one (1024).
+pub const DEFAULT_VM_MBPS: u64 = 256;
+
+/// Upper bounds of the numeric fields without a natural one: far above any real setting, low
+/// enough that no arithmetic on them overflows and no wait they set stalls the daemon.
+mod bound {
+    /// Any size in MiB (1 PiB).
+    pub const MIB: u64 = 1 << 30;
+    /// A rate limit in MB/s (1 TB/s).
+    pub const MBPS: u64 = 1_000_000;
+    /// An interval or back-off, ms (one hour).
+    pub const INTERVAL_MS: u64 = 3_600_000;
+    /// A wait inside a round, ms: the QMP timeout (one minute), a busy-page retry (one second).
+    pub const QMP_TIMEOUT_MS: u64 = 60_000;
+    pub const RETRY_DELAY_MS: u64 = 1_000;
+    /// Entries of one round: the capacity of the largest channel region (4 GiB of entries).
+    pub const ENTRIES: u64 = 1 << 29;
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MoverConfig {
@@ -241,7 +260,8 @@ pub struct MoverConfig {
     /// Global rate limits in MB/s (10^6 bytes) per direction; 0 = unlimited.
     pub promote_mbps: u64,
     pub demote_mbps: u64,
-    /// Per-VM rate limits in MB/s; 0 = unlimited.
+    /// Per-VM rate limits in MB/s; 0 = unlimited. By default a quarter of the global limits:
+    /// a guest that flips its hot set every round takes at most a quarter of each round's moves.
     pub vm_promote_mbps: u64,
     pub vm_demote_mbps: u64,
     /// Times a busy page (EBUSY/EAGAIN) is retried within a round before it is left for later.
@@ -265,8 +285,8 @@ impl Default for MoverConfig {
             batch_pages: 4096,
             promote_mbps: 1024,
             demote_mbps: 1024,
-            vm_promote_mbps: 0,
-            vm_demote_mbps: 0,
+            vm_promote_mbps: DEFAULT_VM_MBPS,
+            vm_demote_mbps: DEFAULT_VM_MBPS,
             busy_retries: 2,
             busy_retry_delay_ms: 5,
             move_all: false,
@@ -437,18 +457,72 @@ impl Config {
             return Err(invalid("daemon.log_level", "not a valid tracing filter"));
         }
         let s = &self.discovery;
-        for (f, v, lo) in [
-            ("discovery.scan_interval_ms", s.scan_interval_ms, 100),
-            ("discovery.refresh_interval_ms", s.refresh_interval_ms, 100),
-            ("discovery.qmp_timeout_ms", s.qmp_timeout_ms, 50),
+        let (c, m) = (&self.channel, &self.mover);
+        for (f, v, lo, hi) in [
+            (
+                "discovery.scan_interval_ms",
+                s.scan_interval_ms,
+                100,
+                bound::INTERVAL_MS,
+            ),
+            (
+                "discovery.refresh_interval_ms",
+                s.refresh_interval_ms,
+                100,
+                bound::INTERVAL_MS,
+            ),
+            (
+                "discovery.qmp_timeout_ms",
+                s.qmp_timeout_ms,
+                50,
+                bound::QMP_TIMEOUT_MS,
+            ),
+            (
+                "discovery.retry_backoff_ms",
+                s.retry_backoff_ms,
+                0,
+                bound::INTERVAL_MS,
+            ),
+            ("channel.max_entries", c.max_entries, 1, bound::ENTRIES),
+            (
+                "channel.min_interval_ms",
+                u64::from(c.min_interval_ms),
+                0,
+                bound::INTERVAL_MS,
+            ),
+            ("mover.promote_mbps", m.promote_mbps, 0, bound::MBPS),
+            ("mover.demote_mbps", m.demote_mbps, 0, bound::MBPS),
+            ("mover.vm_promote_mbps", m.vm_promote_mbps, 0, bound::MBPS),
+            ("mover.vm_demote_mbps", m.vm_demote_mbps, 0, bound::MBPS),
+            (
+                "mover.busy_retry_delay_ms",
+                m.busy_retry_delay_ms,
+                0,
+                bound::RETRY_DELAY_MS,
+            ),
+            (
+                "mover.reconcile_sweep_s",
+                m.reconcile_sweep_s,
+                1,
+                bound::INTERVAL_MS / 1000,
+            ),
+            (
+                "mover.reconcile_max_pages_per_round",
+                m.reconcile_max_pages_per_round,
+                1,
+                1 << 30,
+            ),
+            (
+                "topology.min_free_mib",
+                self.topology.min_free_mib,
+                0,
+                bound::MIB,
+            ),
+            ("pool.fast_mib", self.pool.fast_mib, 0, bound::MIB),
         ] {
-            if v < lo {
-                return Err(invalid(f, format!("must be at least {lo}")));
+            if !(lo..=hi).contains(&v) {
+                return Err(invalid(f, format!("must be between {lo} and {hi}")));
             }
-        }
-        let c = &self.channel;
-        if c.max_entries == 0 {
-            return Err(invalid("channel.max_entries", "must be at least 1"));
         }
         if c.entry_budget > c.max_entries {
             return Err(invalid(
@@ -462,7 +536,6 @@ impl Config {
                 "must be between 1 and 4096",
             ));
         }
-        let m = &self.mover;
         if !(1..=1 << 20).contains(&m.batch_pages) {
             return Err(invalid(
                 "mover.batch_pages",
@@ -471,15 +544,6 @@ impl Config {
         }
         if m.busy_retries > 100 {
             return Err(invalid("mover.busy_retries", "must be at most 100"));
-        }
-        if m.reconcile_sweep_s == 0 {
-            return Err(invalid("mover.reconcile_sweep_s", "must be at least 1"));
-        }
-        if m.reconcile_max_pages_per_round == 0 {
-            return Err(invalid(
-                "mover.reconcile_max_pages_per_round",
-                "must be at least 1",
-            ));
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, n) in self.topology.node.iter().enumerate() {
@@ -517,7 +581,24 @@ impl Config {
         self.validate_pool()?;
         self.validate_admission()?;
         let mut names = std::collections::BTreeSet::new();
+        let mut sockets = std::collections::BTreeMap::new();
+        let mut channels = std::collections::BTreeMap::new();
         for (i, v) in self.vms.iter().enumerate() {
+            // Two entries for one socket or one channel file would be one VM managed twice, or
+            // one VM's hints read as another's.
+            for (field, path, seen) in [
+                ("qmp_socket", &v.qmp_socket, &mut sockets),
+                ("channel", &v.channel, &mut channels),
+            ] {
+                if let Some(p) = path {
+                    if let Some(j) = seen.insert(p.clone(), i) {
+                        return Err(invalid(
+                            format!("vm[{i}].{field}"),
+                            format!("`{}` is also vm[{j}]'s", p.display()),
+                        ));
+                    }
+                }
+            }
             if v.name.is_empty() && v.qmp_socket.is_none() {
                 return Err(invalid(
                     format!("vm[{i}].name"),
@@ -869,6 +950,29 @@ fn check_shares(field: &str, s: u32) -> Result<(), ConfigError> {
 
 /// Per-VM limits: one form each for min and max, min <= share <= max where the file says so.
 fn validate_vm_limits(i: usize, v: &VmConfig) -> Result<(), ConfigError> {
+    for (field, mib) in [
+        ("fast_quota_mib", v.fast_quota_mib),
+        ("quota_min_mib", v.quota_min_mib),
+        ("quota_max_mib", v.quota_max_mib),
+    ] {
+        if mib.is_some_and(|m| m > bound::MIB) {
+            return Err(invalid(
+                format!("vm[{i}].{field}"),
+                format!("must be at most {}", bound::MIB),
+            ));
+        }
+    }
+    for (field, mbps) in [
+        ("promote_mbps", v.promote_mbps),
+        ("demote_mbps", v.demote_mbps),
+    ] {
+        if mbps.is_some_and(|m| m > bound::MBPS) {
+            return Err(invalid(
+                format!("vm[{i}].{field}"),
+                format!("must be at most {}", bound::MBPS),
+            ));
+        }
+    }
     if let Some(p) = v.quota_min_percent {
         check_min_percent(&format!("vm[{i}].quota_min_percent"), p)?;
     }
@@ -969,6 +1073,64 @@ mod tests {
             (
                 "[channel]\nentry_budget = 10\nmax_entries = 5\n",
                 "channel.entry_budget",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = Config::parse(text).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{text}: {e}");
+            assert!(e.to_string().starts_with(field), "{e}");
+        }
+    }
+
+    /// A VM without limits of its own gets the per-VM default, a quarter of the global limit:
+    /// a guest flipping its hot set every round cannot take every round's moves.
+    #[test]
+    fn vms_have_a_move_limit_by_default() {
+        let c = Config::default();
+        let s = c.vm_settings("x", Path::new("/run/x.qmp"), 1 << 30);
+        assert_eq!((s.promote_mbps, s.demote_mbps), (256, 256));
+        assert_eq!(c.mover.promote_mbps, 4 * s.promote_mbps);
+        let shipped = Config::parse(include_str!("../../../packaging/vtismd.toml")).unwrap();
+        assert_eq!(shipped.mover, c.mover);
+        let own = Config::parse("[[vm]]\nname = \"x\"\npromote_mbps = 0\n").unwrap();
+        assert_eq!(
+            own.vm_settings("x", Path::new("/r"), 1 << 30).promote_mbps,
+            0
+        );
+    }
+
+    /// Every numeric field has an upper bound (issue 14: unbounded `max_entries`, `entry_budget`
+    /// and retry delays were accepted), and one socket or channel file is one VM's.
+    #[test]
+    fn numbers_are_bounded_and_sockets_unique() {
+        let cases = [
+            ("[channel]\nmax_entries = 1000000000000\n", "channel.max_entries"),
+            (
+                "[channel]\nmax_entries = 1000000000000\nentry_budget = 1000000000000\n",
+                "channel.max_entries",
+            ),
+            ("[channel]\nmin_interval_ms = 4000000\n", "channel.min_interval_ms"),
+            ("[discovery]\nretry_backoff_ms = 99999999999\n", "discovery.retry_backoff_ms"),
+            ("[discovery]\nqmp_timeout_ms = 600000\n", "discovery.qmp_timeout_ms"),
+            ("[discovery]\nscan_interval_ms = 99999999999\n", "discovery.scan_interval_ms"),
+            ("[mover]\nbusy_retry_delay_ms = 60000\n", "mover.busy_retry_delay_ms"),
+            ("[mover]\npromote_mbps = 9223372036854775807\n", "mover.promote_mbps"),
+            ("[mover]\nvm_demote_mbps = 2000000\n", "mover.vm_demote_mbps"),
+            ("[mover]\nreconcile_sweep_s = 0\n", "mover.reconcile_sweep_s"),
+            ("[topology]\nmin_free_mib = 9223372036854775807\n", "topology.min_free_mib"),
+            ("[pool]\nfast_mib = 9223372036854775807\n", "pool.fast_mib"),
+            (
+                "[[vm]]\nname = \"a\"\nfast_quota_mib = 9223372036854775807\n",
+                "vm[0].fast_quota_mib",
+            ),
+            ("[[vm]]\nname = \"a\"\npromote_mbps = 5000000\n", "vm[0].promote_mbps"),
+            (
+                "[[vm]]\nqmp_socket = \"/run/a.qmp\"\n[[vm]]\nname = \"b\"\nqmp_socket = \"/run/a.qmp\"\n",
+                "vm[1].qmp_socket",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nchannel = \"/dev/shm/c\"\n[[vm]]\nname = \"b\"\nchannel = \"/dev/shm/c\"\n",
+                "vm[1].channel",
             ),
         ];
         for (text, field) in cases {

@@ -42,6 +42,8 @@ struct Totals {
     last_round_seconds: f64,
     round_cpu_seconds: f64,
     planned_bytes: u64,
+    /// VMs let go because their channel file changed under the daemon, by fault.
+    channel_faults: BTreeMap<&'static str, u64>,
 }
 
 pub struct Daemon {
@@ -173,6 +175,9 @@ impl Daemon {
             let (h, addr) = serve::spawn_metrics(listen, self.published.clone(), self.stop.clone())
                 .with_context(|| format!("daemon.metrics_listen: cannot listen on {listen}"))?;
             info!(%addr, "metrics on http://{addr}/metrics");
+            if !addr.ip().is_loopback() {
+                warn!(%addr, "the metrics endpoint is reachable from other hosts (VM names, counts)");
+            }
             self.metrics_addr = Some(addr);
             self.threads.push(h);
         }
@@ -487,9 +492,16 @@ impl Daemon {
     // Facts in.
 
     /// Each guest's next hint round, validated, goes to the engine; the guest gets its feedback.
+    /// A VM whose channel file was truncated, resized or replaced is let go (and not taken again
+    /// before discovery's back-off).
     fn read_channels(&mut self) {
         let now = self.now();
+        let mut faulted = Vec::new();
         for v in self.registry.iter() {
+            if let Err(f) = self.channels.check(v.id) {
+                faulted.push((v.id, v.socket.clone(), f));
+                continue;
+            }
             if let Some(round) = self.channels.read(v.id, &v.memory.ram, &self.cfg.channel) {
                 let obs = Observation::Hints {
                     entries: &round.entries,
@@ -509,6 +521,12 @@ impl Daemon {
                 self.channels.recycle(v.id, round);
             }
             self.channels.feedback(v.id, &self.cfg.channel);
+        }
+        for (id, socket, f) in faulted {
+            warn!(vm = %id, fault = %f, "channel file tampered with; letting the VM go");
+            *self.totals.channel_faults.entry(f.label()).or_default() += 1;
+            self.drop_vm(id, &f.to_string());
+            self.discovery.refused(socket);
         }
     }
 
@@ -825,6 +843,7 @@ impl Daemon {
             mover_busy: self.mover.busy(),
             mover_jobs: self.mover.gauges.jobs.load(Ordering::Relaxed),
             vms_dropped: self.registry.dropped,
+            channel_faults: self.totals.channel_faults.clone(),
             interval_ms: self.cfg.daemon.interval_ms,
             metrics: self.metrics_addr.map(|a| a.to_string()),
             engine_memory_bytes: self.tiering.engine().memory_bytes() as u64,

@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod batch;
+pub mod channel_file;
 pub mod channels;
 pub mod cli;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod rate;
 pub mod reconcile;
 pub mod registry;
 pub mod serve;
+pub mod sigbus;
 pub mod sys;
 pub mod topology;
 pub mod vm;

@@ -62,6 +62,8 @@ pub struct DaemonStatus {
     pub mover_busy: bool,
     pub mover_jobs: u64,
     pub vms_dropped: u64,
+    /// VMs let go because their channel file was truncated, resized or replaced, by fault.
+    pub channel_faults: BTreeMap<&'static str, u64>,
     pub interval_ms: u64,
     pub metrics: Option<String>,
     /// Heap held by the engine.
@@ -661,6 +663,14 @@ impl DaemonStatus {
             self.round_cpu_seconds,
         );
         f.counter("vtism_rounds", "Rounds run.", vec![], self.rounds);
+        for fault in crate::channel_file::Fault::LABELS {
+            f.counter(
+                "vtism_channel_faults",
+                "VMs let go because their channel file was truncated, resized or replaced.",
+                vec![("fault", Cow::Borrowed(fault))],
+                self.channel_faults.get(fault).copied().unwrap_or(0),
+            );
+        }
         f.gauge(
             "vtism_round_seconds",
             "Wall time of the last round.",

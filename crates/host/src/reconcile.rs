@@ -103,18 +103,7 @@ pub fn learn_hinted(
     entries: &[HintEntry],
     topo: &HostTopology,
 ) {
-    let mut gfns = Vec::new();
-    'entries: for e in entries {
-        for i in 0..e.frames() {
-            let g = Gfn(e.gfn().0 + i);
-            if matches!(tiering.engine().frame_node(vm.id, g), Ok(None)) {
-                gfns.push(g);
-                if gfns.len() >= QUERY_FRAMES {
-                    break 'entries;
-                }
-            }
-        }
-    }
+    let gfns = unknown_hinted(tiering, vm.id, entries);
     if gfns.is_empty() {
         return;
     }
@@ -124,6 +113,49 @@ pub fn learn_hinted(
         }
         Err(e) => debug!(vm = %vm.name, error = %e, "placement query of hinted frames failed"),
     }
+}
+
+/// Frames `unknown_hinted` looks at per round at most (an entry it passes over counts one): the
+/// guest decides what a round holds, so the look-up is bounded by this, not by the round. Frames
+/// not looked at wait for the sweep.
+pub const LEARN_EXAMINE_FRAMES: usize = QUERY_FRAMES;
+
+/// Entries remembered to pass over repeats: a guest repeating a few units costs an entry each.
+const RECENT_ENTRIES: usize = 8;
+
+/// The hinted frames whose node the engine does not know, sorted and each once, from at most
+/// `LEARN_EXAMINE_FRAMES` frames and entries looked at; an entry naming the frame of one of the
+/// last few is passed over.
+pub fn unknown_hinted(tiering: &Tiering, vm: VmId, entries: &[HintEntry]) -> Vec<Gfn> {
+    let mut gfns = Vec::new();
+    let mut examined = 0usize;
+    let mut recent = [Gfn(u64::MAX); RECENT_ENTRIES];
+    'entries: for (n, e) in entries.iter().enumerate() {
+        examined += 1;
+        if examined > LEARN_EXAMINE_FRAMES {
+            break;
+        }
+        if recent.contains(&e.gfn()) {
+            continue;
+        }
+        recent[n % RECENT_ENTRIES] = e.gfn();
+        for i in 0..e.frames() {
+            examined += usize::from(i > 0);
+            if examined > LEARN_EXAMINE_FRAMES {
+                break 'entries;
+            }
+            let g = Gfn(e.gfn().0 + i);
+            if matches!(tiering.engine().frame_node(vm, g), Ok(None)) {
+                gfns.push(g);
+                if gfns.len() >= QUERY_FRAMES {
+                    break 'entries;
+                }
+            }
+        }
+    }
+    gfns.sort_unstable();
+    gfns.dedup();
+    gfns
 }
 
 /// Where `gfns` are in QEMU's memory, one fact per frame with a host address: a node of the
@@ -146,4 +178,96 @@ fn query(vm: &ManagedVm, gfns: &[Gfn], topo: &HostTopology) -> std::io::Result<V
             PlacementRun::frame(vm.id, g, node)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+    use vtism_engine::{
+        EngineParams, FastPool, Nanos, NodeSpec, PoolParams, Tier, Topology, VmLimits, VmSpec,
+        VtismPolicy,
+    };
+    use vtism_proto::{PageType, RamMap};
+
+    fn tiering(frames: u64) -> Tiering {
+        let node = |id, tier| NodeSpec {
+            id: NodeId(id),
+            tier: Tier(tier),
+            capacity_bytes: 1 << 40,
+            cpus: vec![0],
+            socket: 0,
+        };
+        let topo = Topology::new(vec![node(0, 0), node(1, 1)], None).unwrap();
+        let engine = VtismPolicy::new(topo, EngineParams::default()).unwrap();
+        let pool = FastPool::new(PoolParams {
+            fast_bytes: 1 << 30,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut t = Tiering::new(engine, pool);
+        let ram = RamMap::contiguous(frames);
+        let spec = VmSpec {
+            id: VmId(1),
+            ram,
+            fast_quota_bytes: 0,
+            home_node: Some(NodeId(0)),
+        };
+        let limits = VmLimits {
+            min_bytes: 0,
+            max_bytes: 1 << 30,
+            shares: 1,
+        };
+        t.add_vm(spec, limits, Nanos(0)).unwrap();
+        t
+    }
+
+    fn unit(gfn: u64) -> HintEntry {
+        HintEntry::new(Gfn(gfn), 200, false, PageType::Anon, true, true)
+    }
+
+    /// Issue 14's flood: 1 Mi entries naming 2 MiB units over and over. The look-up stops after
+    /// `LEARN_EXAMINE_FRAMES` frames, whatever the round holds, and still finds unknown frames.
+    #[test]
+    fn learning_hinted_frames_is_bounded() {
+        let frames = 1u64 << 20;
+        let mut t = tiering(frames);
+        // Placement known everywhere but in the last unit.
+        t.learn([PlacementRun {
+            vm: VmId(1),
+            gfn: Gfn(0),
+            frames: frames - 512,
+            node: Some(NodeId(1)),
+        }]);
+        let heads = [0u64, 512, 1024, frames - 512];
+        let flood: Vec<HintEntry> = (0..1usize << 20).map(|i| unit(heads[i % 4])).collect();
+        let t0 = Instant::now();
+        let found = unknown_hinted(&t, VmId(1), &flood);
+        eprintln!("1 Mi duplicate units looked over in {:?}", t0.elapsed());
+        assert_eq!(found.len(), 512, "the last unit's frames");
+        assert!(found.iter().all(|g| g.0 >= frames - 512));
+        // Every frame known: the look-up gives up after the bound, not after 512 Mi frames.
+        t.learn([PlacementRun {
+            vm: VmId(1),
+            gfn: Gfn(frames - 512),
+            frames: 512,
+            node: Some(NodeId(0)),
+        }]);
+        let same: Vec<HintEntry> = vec![unit(0); 1 << 20];
+        assert!(unknown_hinted(&t, VmId(1), &same).is_empty());
+        assert!(unknown_hinted(&t, VmId(1), &flood).is_empty());
+        // 4 KiB entries for unknown frames are found in order, up to one query's worth.
+        let mut t = tiering(frames);
+        let small: Vec<HintEntry> = (0..frames)
+            .map(|g| HintEntry::new(Gfn(g), 9, false, PageType::Anon, false, true))
+            .collect();
+        let found = unknown_hinted(&t, VmId(1), &small);
+        assert_eq!(found.len(), LEARN_EXAMINE_FRAMES);
+        assert_eq!(found[..3], [Gfn(0), Gfn(1), Gfn(2)]);
+        // Units repeated in an order the recent entries do not catch: bounded all the same.
+        let many: Vec<HintEntry> = (0..1u64 << 20).map(|i| unit(i % 64 * 512)).collect();
+        assert_eq!(unknown_hinted(&t, VmId(1), &many).len(), 64 * 512);
+        t.learn([PlacementRun::frame(VmId(1), Gfn(5), Some(NodeId(0)))]);
+        assert!(!unknown_hinted(&t, VmId(1), &small).contains(&Gfn(5)));
+    }
 }

@@ -4,13 +4,13 @@
 
 use crate::metrics::{Published, CONTENT_TYPE};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the main loop publishes for the servers to hand out.
 pub type Shared = Arc<Published>;
@@ -21,7 +21,15 @@ pub enum CtlRequest {
     Reload(mpsc::Sender<Result<(), String>>),
 }
 
-/// Serves `GET /metrics` until `stop`.
+/// Metrics clients served at once; more are turned away at once.
+pub const METRICS_CLIENTS: usize = 4;
+/// The time a metrics client has to send its request, and to take the answer, each.
+pub const METRICS_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Serves `GET /metrics` until `stop`. Each client is served in a thread of its own, at most
+/// `METRICS_CLIENTS` at once, each within `METRICS_DEADLINE` to send its request and again to
+/// take the answer: a client that sends or reads slowly holds only its own thread, for a
+/// bounded time.
 pub fn spawn_metrics(
     addr: &str,
     shared: Shared,
@@ -30,52 +38,115 @@ pub fn spawn_metrics(
     let l = TcpListener::bind(addr)?;
     let local = l.local_addr()?;
     l.set_nonblocking(true)?;
+    let active = Arc::new(AtomicUsize::new(0));
     let h = std::thread::Builder::new()
         .name("vtism-metrics".into())
         .spawn(move || {
             while !stop.load(Ordering::SeqCst) {
                 match l.accept() {
-                    Ok((mut s, _)) => {
-                        let _ = s.set_nonblocking(false);
-                        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                        let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-                        // Read the request head, which may come in several segments.
-                        let mut buf = [0u8; 4096];
-                        let mut n = 0;
-                        while n < buf.len() {
-                            match s.read(&mut buf[n..]) {
-                                Ok(0) | Err(_) => break,
-                                Ok(k) => n += k,
-                            }
-                            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
-                                || buf[..n].windows(2).any(|w| w == b"\n\n")
-                            {
-                                break;
-                            }
+                    Ok((s, _)) => {
+                        if active.fetch_add(1, Ordering::AcqRel) >= METRICS_CLIENTS {
+                            active.fetch_sub(1, Ordering::AcqRel);
+                            continue; // dropped: the client sees the connection closed
                         }
-                        let req = String::from_utf8_lossy(&buf[..n]);
-                        let path = req.split_whitespace().nth(1).unwrap_or("");
-                        let (code, ctype, body) = if req.starts_with("GET ")
-                            && (path == "/metrics" || path.starts_with("/metrics?"))
-                        {
-                            ("200 OK", CONTENT_TYPE, shared.metrics_text())
-                        } else {
-                            ("404 Not Found", "text/plain", "try /metrics\n".to_string())
-                        };
-                        let _ = write!(
-                            s,
-                            "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                            body.len()
-                        );
+                        let (shared, done) = (shared.clone(), active.clone());
+                        let spawned = std::thread::Builder::new()
+                            .name("vtism-metrics-client".into())
+                            .spawn(move || {
+                                serve_metrics_client(s, &shared);
+                                done.fetch_sub(1, Ordering::AcqRel);
+                            });
+                        if spawned.is_err() {
+                            active.fetch_sub(1, Ordering::AcqRel);
+                        }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(50))
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }
         })?;
     Ok((h, local))
+}
+
+/// Reads from `s` into `buf` until `done` says the request is whole, the buffer is full or
+/// `deadline` passes, whichever comes first. Returns the bytes read.
+fn read_until(
+    s: &mut impl ReadTimeout,
+    buf: &mut [u8],
+    deadline: Instant,
+    done: impl Fn(&[u8]) -> bool,
+) -> usize {
+    let mut n = 0;
+    while n < buf.len() && !done(&buf[..n]) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || s.set_timeout(left).is_err() {
+            break;
+        }
+        match s.read(&mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    n
+}
+
+/// Writes all of `data` unless `deadline` passes first.
+fn write_within(s: &mut impl ReadTimeout, data: &[u8], deadline: Instant) {
+    let mut at = 0;
+    while at < data.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || s.set_write_timeout_to(left).is_err() {
+            return;
+        }
+        match s.write(&data[at..]) {
+            Ok(0) | Err(_) => return,
+            Ok(k) => at += k,
+        }
+    }
+}
+
+/// The streams the servers read with a timeout (TCP and Unix).
+trait ReadTimeout: Read + Write {
+    fn set_timeout(&self, t: Duration) -> std::io::Result<()>;
+    fn set_write_timeout_to(&self, t: Duration) -> std::io::Result<()>;
+}
+
+impl ReadTimeout for TcpStream {
+    fn set_timeout(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))
+    }
+    fn set_write_timeout_to(&self, t: Duration) -> std::io::Result<()> {
+        self.set_write_timeout(Some(t))
+    }
+}
+
+impl ReadTimeout for UnixStream {
+    fn set_timeout(&self, t: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(t))
+    }
+    fn set_write_timeout_to(&self, t: Duration) -> std::io::Result<()> {
+        self.set_write_timeout(Some(t))
+    }
+}
+
+fn serve_metrics_client(mut s: TcpStream, shared: &Shared) {
+    let _ = s.set_nonblocking(false);
+    let mut buf = [0u8; 4096];
+    let n = read_until(&mut s, &mut buf, Instant::now() + METRICS_DEADLINE, |b| {
+        b.windows(4).any(|w| w == b"\r\n\r\n") || b.windows(2).any(|w| w == b"\n\n")
+    });
+    let req = String::from_utf8_lossy(&buf[..n]);
+    let path = req.split_whitespace().nth(1).unwrap_or("");
+    let (code, ctype, body) =
+        if req.starts_with("GET ") && (path == "/metrics" || path.starts_with("/metrics?")) {
+            ("200 OK", CONTENT_TYPE, shared.metrics_text())
+        } else {
+            ("404 Not Found", "text/plain", "try /metrics\n".to_string())
+        };
+    let answer = format!(
+        "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    write_within(&mut s, answer.as_bytes(), Instant::now() + METRICS_DEADLINE);
 }
 
 /// Serves the control socket until `stop`. Requests: `status`, `metrics`, `reload`, `ping`.
@@ -88,10 +159,7 @@ pub fn spawn_control(
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    // A stale socket from a daemon that died: remove it only if nobody answers on it.
-    if path.exists() && UnixStream::connect(path).is_err() {
-        let _ = std::fs::remove_file(path);
-    }
+    remove_stale_socket(path)?;
     let l = UnixListener::bind(path)?;
     {
         use std::os::unix::fs::PermissionsExt;
@@ -112,16 +180,49 @@ pub fn spawn_control(
         })
 }
 
-fn handle_ctl(s: UnixStream, shared: &Shared, requests: &mpsc::Sender<CtlRequest>) {
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-    let mut line = String::new();
-    let mut r = BufReader::new(s.take(4096));
-    if r.read_line(&mut line).is_err() {
-        return;
+/// What may be at the control socket's path before vtismd binds it: nothing, or a stale socket
+/// of its own user that nobody answers on (a vtismd that died), which is removed. Anything else
+/// (a file, a directory, a live socket, another user's socket) is left alone and is an error.
+fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let refuse = |why: String| Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, why));
+    if !meta.file_type().is_socket() {
+        return refuse(format!(
+            "{} exists and is not a socket; not removing it",
+            path.display()
+        ));
     }
-    let mut s = r.into_inner().into_inner();
+    // SAFETY: geteuid has no failure mode.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return refuse(format!(
+            "{} is a socket of uid {}, not vtismd's (uid {me}); not removing it",
+            path.display(),
+            meta.uid()
+        ));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return refuse(format!("{} is in use (another vtismd?)", path.display()));
+    }
+    std::fs::remove_file(path)
+}
+
+/// The time a control client has to send its request line, and to take the answer, each.
+const CTL_DEADLINE: Duration = Duration::from_secs(2);
+
+fn handle_ctl(mut s: UnixStream, shared: &Shared, requests: &mpsc::Sender<CtlRequest>) {
+    let _ = s.set_nonblocking(false);
+    let mut buf = [0u8; 4096];
+    let n = read_until(&mut s, &mut buf, Instant::now() + CTL_DEADLINE, |b| {
+        b.contains(&b'\n')
+    });
+    let line = String::from_utf8_lossy(&buf[..n]);
+    let line = line.lines().next().unwrap_or("");
     // Accept `status` or `{"cmd":"status"}`.
     let cmd = serde_json::from_str::<serde_json::Value>(line.trim())
         .ok()
@@ -145,7 +246,11 @@ fn handle_ctl(s: UnixStream, shared: &Shared, requests: &mpsc::Sender<CtlRequest
         }
         other => serde_json::json!({ "error": format!("unknown command `{other}`") }),
     };
-    let _ = writeln!(s, "{answer}");
+    write_within(
+        &mut s,
+        format!("{answer}\n").as_bytes(),
+        Instant::now() + CTL_DEADLINE,
+    );
 }
 
 /// Client side: sends one request, returns the JSON answer.
@@ -210,6 +315,115 @@ mod tests {
         h.join().unwrap();
         hm.join().unwrap();
         assert!(!sock.exists(), "socket removed on stop");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn get_metrics(addr: std::net::SocketAddr) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body
+    }
+
+    /// Issue 14: one slow local client held the endpoint for 14.5 s. Now a client that trickles
+    /// its request, or sends nothing, holds only its own thread and is cut off at the deadline,
+    /// and a flood of idle connections is turned away beyond `METRICS_CLIENTS`.
+    #[test]
+    fn a_slow_metrics_client_does_not_hold_the_endpoint() {
+        let shared: Shared = Arc::new(Published::new(&MoverHistograms::default()));
+        shared.publish(Status::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, addr) = spawn_metrics("127.0.0.1:0", shared, stop.clone()).unwrap();
+        let trickler = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            let t = Instant::now();
+            for b in b"GET /metrics HTTP/1.0\r\n" {
+                if s.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            let mut rest = String::new();
+            let _ = s.read_to_string(&mut rest);
+            t.elapsed()
+        });
+        let idle: Vec<_> = (0..2 * METRICS_CLIENTS)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        // Every slot may be taken by the idle ones now: a client is answered once they time out.
+        let t = Instant::now();
+        let mut body = get_metrics(addr);
+        while !body.starts_with("HTTP/1.1 200 OK") {
+            assert!(t.elapsed() < METRICS_DEADLINE * 3, "never answered");
+            std::thread::sleep(Duration::from_millis(50));
+            body = get_metrics(addr);
+        }
+        assert!(
+            t.elapsed() < METRICS_DEADLINE + Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
+        drop(idle);
+        // With the idle ones gone, a client is answered at once beside the trickling one.
+        let t = Instant::now();
+        assert!(get_metrics(addr).starts_with("HTTP/1.1 200 OK"));
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
+        let held = trickler.join().unwrap();
+        assert!(
+            held < METRICS_DEADLINE + Duration::from_secs(1),
+            "held for {held:?}"
+        );
+        stop.store(true, Ordering::SeqCst);
+        h.join().unwrap();
+    }
+
+    /// The control socket's path is never cleared unless it holds vtismd's own stale socket.
+    #[test]
+    fn only_a_stale_socket_of_ours_is_replaced() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("vtism-serve-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let shared: Shared = Arc::new(Published::new(&MoverHistograms::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let spawn = |p: &Path| {
+            let (tx, _rx) = mpsc::channel();
+            spawn_control(p, shared.clone(), tx, stop.clone())
+        };
+        let file = dir.join("file.sock");
+        std::fs::write(&file, "precious").unwrap();
+        let e = spawn(&file).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious");
+        std::fs::create_dir(dir.join("dir.sock")).unwrap();
+        assert!(spawn(&dir.join("dir.sock")).is_err());
+        assert!(dir.join("dir.sock").is_dir());
+
+        // A live socket is someone's: refused. A stale one of ours: replaced.
+        let live = dir.join("live.sock");
+        let _l = UnixListener::bind(&live).unwrap();
+        assert!(spawn(&live).unwrap_err().to_string().contains("in use"));
+        let stale = dir.join("stale.sock");
+        drop(UnixListener::bind(&stale).unwrap());
+        let h = spawn(&stale).unwrap();
+        assert!(ctl_request(&stale, "ping").is_ok());
+        // Another user's stale socket (needs root to make one).
+        let theirs = dir.join("theirs.sock");
+        drop(UnixListener::bind(&theirs).unwrap());
+        let c = std::ffi::CString::new(theirs.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        if unsafe { libc::lchown(c.as_ptr(), 4242, 4242) } == 0 {
+            assert!(spawn(&theirs).unwrap_err().to_string().contains("uid 4242"));
+            assert_eq!(std::fs::symlink_metadata(&theirs).unwrap().uid(), 4242);
+        }
+        stop.store(true, Ordering::SeqCst);
+        h.join().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

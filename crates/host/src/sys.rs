@@ -5,10 +5,8 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::ptr::NonNull;
 use vtism_proto::Hva;
 
 /// `MPOL_MF_MOVE`: move pages mapped only by this process.
@@ -230,126 +228,6 @@ pub fn thread_cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-/// A shared, read-write mapping of a whole file (the ivshmem backing file of a channel).
-/// Unmapped on drop.
-pub struct FileMapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is only handed out as a `vtism_proto::MmapRegion`, whose accesses are all
-// atomic; the pointer itself is just an address.
-unsafe impl Send for FileMapping {}
-unsafe impl Sync for FileMapping {}
-
-impl FileMapping {
-    /// Maps `path` shared read-write. The size is the file's size now, rounded down to 8 bytes
-    /// and capped at `max_len`.
-    pub fn open(path: &Path, max_len: u64) -> io::Result<FileMapping> {
-        Self::open_owned_by(path, max_len, None)
-    }
-
-    /// As `open`, but only a file owned by `owner` (the QEMU process's uid; a root QEMU may use
-    /// any): the path comes from QEMU, and a compromised QEMU must not make the daemon write into
-    /// a file its own user does not own, nor open a device. Nothing is opened for reading or
-    /// writing before the checks: the path is opened with O_PATH|O_NOFOLLOW (no symlink as the
-    /// last component, no open(2) side effects of a device), checked on that descriptor (a
-    /// regular file, memfd and tmpfs included, owned by `owner`), and only then reopened
-    /// read-write through the descriptor itself, so it is the same inode.
-    pub fn open_owned_by(path: &Path, max_len: u64, owner: Option<u32>) -> io::Result<FileMapping> {
-        use std::os::unix::fs::MetadataExt;
-        let pinned = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
-        let meta = checked_channel_file(&pinned, owner)?;
-        // O_PATH descriptors reopen through /proc to the very inode they hold.
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOCTTY | libc::O_CLOEXEC)
-            .open(format!("/proc/self/fd/{}", pinned.as_raw_fd()))?;
-        let again = f.metadata()?;
-        if (again.dev(), again.ino()) != (meta.dev(), meta.ino()) || !again.file_type().is_file() {
-            return Err(io::Error::other("channel file changed while it was opened"));
-        }
-        let meta = again;
-        let len = (meta.len().min(max_len) & !7) as usize;
-        if len < 4096 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "channel file is {} bytes, less than a header page",
-                    meta.len()
-                ),
-            ));
-        }
-        // SAFETY: mapping a file we opened read-write, with a length no larger than the file.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
-        Ok(FileMapping { ptr, len })
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The mapping as a channel region. The region borrows nothing, so the caller must keep
-    /// `self` alive as long as the region (the daemon keeps both in one struct).
-    pub fn region(&self) -> vtism_proto::MmapRegion {
-        // SAFETY: the mapping is page-aligned, `len` is a multiple of 8, and it stays mapped until
-        // `self` is dropped; the region only does atomic accesses.
-        unsafe { vtism_proto::MmapRegion::new(self.ptr, self.len) }
-            .expect("page-aligned mapping with a length rounded to 8")
-    }
-}
-
-/// The descriptor's file is a regular file owned by `owner` (any owner for a root QEMU or a
-/// path from the configuration).
-fn checked_channel_file(f: &std::fs::File, owner: Option<u32>) -> io::Result<std::fs::Metadata> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = f.metadata()?;
-    if !meta.file_type().is_file() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "channel is not a regular file",
-        ));
-    }
-    if let Some(uid) = owner {
-        if uid != 0 && meta.uid() != uid {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "channel file is owned by uid {}, QEMU runs as uid {uid}",
-                    meta.uid()
-                ),
-            ));
-        }
-    }
-    Ok(meta)
-}
-
-impl Drop for FileMapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `open` mapped.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
 
 /// Signals the daemon reacts to, turned into flags by an async-signal-safe handler.
 pub mod signals {
@@ -387,6 +265,7 @@ pub mod signals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel_file::ChannelFile;
     use std::os::unix::fs::MetadataExt;
 
     #[test]
@@ -395,22 +274,22 @@ mod tests {
         std::fs::File::create(&p).unwrap().set_len(8192).unwrap();
         let mine = std::fs::metadata(&p).unwrap().uid();
         let other = if mine == 4242 { 4243 } else { 4242 };
-        let e = FileMapping::open_owned_by(&p, 1 << 20, Some(other))
+        let e = ChannelFile::open(&p, 1 << 20, Some(other))
             .err()
             .unwrap();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
-        let m = FileMapping::open_owned_by(&p, 1 << 20, Some(mine)).unwrap();
+        let m = ChannelFile::open(&p, 1 << 20, Some(mine)).unwrap();
         assert_eq!(m.len(), 8192);
         // A root QEMU may name any file; no owner check for paths from the configuration.
-        assert!(FileMapping::open_owned_by(&p, 1 << 20, Some(0)).is_ok());
-        assert_eq!(FileMapping::open(&p, 4096).unwrap().len(), 4096);
+        assert!(ChannelFile::open(&p, 1 << 20, Some(0)).is_ok());
+        assert_eq!(ChannelFile::open(&p, 4096, None).unwrap().len(), 4096);
         std::fs::File::create(&p).unwrap().set_len(100).unwrap();
         assert!(
-            FileMapping::open(&p, 1 << 20).is_err(),
+            ChannelFile::open(&p, 1 << 20, None).is_err(),
             "smaller than a header page"
         );
         let _ = std::fs::remove_file(&p);
-        assert!(FileMapping::open(Path::new("/proc/self/status"), 1 << 20).is_err());
+        assert!(ChannelFile::open(Path::new("/proc/self/status"), 1 << 20, None).is_err());
     }
 
     /// IN_OPEN events on `path` while `f` runs: what the kernel saw opened for I/O (an O_PATH
@@ -449,7 +328,7 @@ mod tests {
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let opens = opens_during(&fifo, || {
-            let e = FileMapping::open_owned_by(&fifo, 1 << 20, Some(mine))
+            let e = ChannelFile::open(&fifo, 1 << 20, Some(mine))
                 .err()
                 .unwrap();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
@@ -457,21 +336,21 @@ mod tests {
         assert_eq!(opens, 0, "the FIFO was opened before its type was checked");
         // The check can see an open: a regular file's open is one.
         let opens = opens_during(&real, || {
-            FileMapping::open_owned_by(&real, 1 << 20, Some(mine)).unwrap();
+            ChannelFile::open(&real, 1 << 20, Some(mine)).unwrap();
         });
         assert!(opens >= 1);
         // A symlink, even to an acceptable file, is not followed.
         let link = dir.join("link.chan");
         std::os::unix::fs::symlink(&real, &link).unwrap();
         let opens = opens_during(&real, || {
-            assert!(FileMapping::open_owned_by(&link, 1 << 20, Some(mine)).is_err());
+            assert!(ChannelFile::open(&link, 1 << 20, Some(mine)).is_err());
         });
         assert_eq!(opens, 0);
-        assert!(FileMapping::open_owned_by(Path::new("/dev/null"), 1 << 20, Some(0)).is_err());
+        assert!(ChannelFile::open(Path::new("/dev/null"), 1 << 20, Some(0)).is_err());
         // A file of another user is refused without being opened.
         let other = if mine == 4242 { 4243 } else { 4242 };
         let opens = opens_during(&real, || {
-            assert!(FileMapping::open_owned_by(&real, 1 << 20, Some(other)).is_err());
+            assert!(ChannelFile::open(&real, 1 << 20, Some(other)).is_err());
         });
         assert_eq!(opens, 0);
         let _ = std::fs::remove_dir_all(&dir);

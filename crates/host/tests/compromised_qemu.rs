@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_host::sys::FileMapping;
+use vtism_host::channel_file::ChannelFile;
 use vtism_proto::{ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, Tracker};
 
 /// A slow monitor's answer time: inside the per-command timeout of `daemon_sections` (2 s), so
@@ -69,7 +69,7 @@ fn hostile_qemu_process() {
 struct Vm {
     _kid: Kid,
     sock: PathBuf,
-    _map: FileMapping,
+    _map: ChannelFile,
     region: MmapRegion,
 }
 

@@ -9,9 +9,9 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use vtism_host::channel_file::ChannelFile;
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_host::sys::FileMapping;
 use vtism_proto::layout::off;
 use vtism_proto::{
     ChannelWriter, Gfn, HintEntry, Micros, PageType, RoundMeta, SharedRegion, Tracker,
@@ -70,7 +70,7 @@ fast_quota_mib = 1
     let mut d = Daemon::new(cfg, None).unwrap();
 
     // The guest, a v1.1 tracker, publishes 64 frames accessed 16 times a second (level 160).
-    let map = FileMapping::open(&chan, 1 << 20).unwrap();
+    let map = ChannelFile::open(&chan, 1 << 20, None).unwrap();
     let region = map.region();
     let mut w = ChannelWriter::init(&region, Tracker::Harness).unwrap();
     let hot: Vec<HintEntry> = (0..64)

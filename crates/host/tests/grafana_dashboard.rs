@@ -9,9 +9,9 @@ use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use vtism_host::channel_file::ChannelFile;
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_host::sys::FileMapping;
 use vtism_proto::{ChannelWriter, Gfn, HintEntry, PageType, RoundMeta, Tracker};
 
 mod common;
@@ -176,7 +176,7 @@ fast_quota_mib = 1
     let mut d = Daemon::new(Config::parse(&cfg).unwrap(), None).unwrap();
     let addr = d.metrics_addr.expect("the metrics endpoint is up");
 
-    let map = FileMapping::open(&chan, 1 << 20).unwrap();
+    let map = ChannelFile::open(&chan, 1 << 20, None).unwrap();
     let region = map.region();
     let mut w = ChannelWriter::init(&region, Tracker::Harness).unwrap();
     let hot: Vec<HintEntry> = (0..64)

@@ -9,15 +9,13 @@
 
 mod common;
 
-use common::{daemon_sections, fake_qemu, serve_until_killed, spawn_fake_child, Kid, RAM_FRAMES};
+use common::{daemon_sections, FakeQemu, RAM_FRAMES};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant};
+use vtism_host::channel_file::ChannelFile;
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_host::sys::FileMapping;
 use vtism_proto::layout::off;
 use vtism_proto::{
     ChannelVersion, ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, SharedRegion,
@@ -26,45 +24,15 @@ use vtism_proto::{
 
 const MIB: u64 = 1 << 20;
 
-/// Not a test of its own: the body of a fake QEMU child process (see `spawn_qemu`). Without its
-/// environment it returns at once.
+/// Not a test of its own: the body of a fake QEMU child process (`common::spawn_qemu`).
 #[test]
 fn fake_qemu_process() {
-    let (Ok(sock), Ok(name), Ok(chan)) = (
-        std::env::var("VTISM_FAKE_QEMU_SOCK"),
-        std::env::var("VTISM_FAKE_QEMU_NAME"),
-        std::env::var("VTISM_FAKE_QEMU_CHAN"),
-    ) else {
-        return;
-    };
-    let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
-    let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
-    // The "vCPU": a thread that only sleeps; its id goes to `<sock>.tid` for the parent, which
-    // moves it between CPUs.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(unsafe { libc::gettid() });
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    });
-    let tid = rx.recv().unwrap();
-    std::fs::write(format!("{sock}.tid"), tid.to_string()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let _server = fake_qemu(
-        PathBuf::from(sock),
-        &name,
-        PathBuf::from(chan),
-        hva,
-        tid,
-        stop,
-    );
-    serve_until_killed();
-    drop(ram);
+    common::fake_qemu_process();
 }
 
-/// A fake QEMU named `name` in a child process; killed (by its pid) when dropped.
-type FakeQemu = Kid;
+fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, ChannelFile) {
+    common::spawn_qemu(dir, name, 1 << 20)
+}
 
 /// The fake QEMU's vCPU thread id.
 fn vcpu_tid(dir: &Path, name: &str) -> i32 {
@@ -84,12 +52,6 @@ fn pin(tid: i32, cpu: usize) {
             std::io::Error::last_os_error()
         );
     }
-}
-
-fn spawn_qemu(dir: &Path, name: &str) -> (FakeQemu, MmapRegion, FileMapping) {
-    let (q, _sock, map) = spawn_fake_child(dir, name, "fake_qemu_process", &[]);
-    let region = map.region();
-    (q, region, map)
 }
 
 fn config(dir: &Path, pool: &str, vms: &str) -> Config {

@@ -7,9 +7,12 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use vtism_host::channel_file::ChannelFile;
+use vtism_proto::MmapRegion;
 
 pub const RAM_FRAMES: u64 = 1024;
 
@@ -155,7 +158,7 @@ qemu_executables = ["{exe}"]
 }
 
 /// A child process (a fake QEMU, a spoofer); killed by its pid when dropped.
-pub struct Kid(pub std::process::Child);
+pub struct Kid(pub Child);
 
 impl Drop for Kid {
     fn drop(&mut self) {
@@ -164,32 +167,73 @@ impl Drop for Kid {
     }
 }
 
+/// A fake QEMU in a child process.
+pub type FakeQemu = Kid;
+
 /// In a fake QEMU child: serves until the parent kills it, or on its own for at most two
 /// minutes once the parent went away.
 pub fn serve_until_killed() {
     let parent = std::os::unix::process::parent_id();
-    let end = std::time::Instant::now() + Duration::from_secs(120);
-    while std::os::unix::process::parent_id() == parent && std::time::Instant::now() < end {
+    let end = Instant::now() + Duration::from_secs(120);
+    while std::os::unix::process::parent_id() == parent && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
+/// The body of a well-behaved fake QEMU child process (see `spawn_qemu`): each test binary that
+/// spawns them has a `#[test] fn fake_qemu_process` calling this. Without its environment it
+/// returns at once.
+pub fn fake_qemu_process() {
+    let (Ok(sock), Ok(name), Ok(chan)) = (
+        std::env::var("VTISM_FAKE_QEMU_SOCK"),
+        std::env::var("VTISM_FAKE_QEMU_NAME"),
+        std::env::var("VTISM_FAKE_QEMU_CHAN"),
+    ) else {
+        return;
+    };
+    let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
+    let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
+    // The "vCPU": a thread that only sleeps; its id goes to `<sock>.tid` for the parent, which
+    // moves it between CPUs.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(unsafe { libc::gettid() });
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    let tid = rx.recv().unwrap();
+    std::fs::write(format!("{sock}.tid"), tid.to_string()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let _server = fake_qemu(
+        PathBuf::from(sock),
+        &name,
+        PathBuf::from(chan),
+        hva,
+        tid,
+        stop,
+    );
+    serve_until_killed();
+    drop(ram);
+}
+
 /// A fake QEMU named `name` in a child process: this test binary re-run as its test `entry`,
 /// told its socket (`<dir>/qmp/<name>.qmp`), name, channel file (`<dir>/<name>.chan`, created
-/// here) and `env`. Returns once it listens, with the channel mapped.
-pub fn spawn_fake_child(
+/// here with `chan_bytes`) and `env`. Returns once it listens, with the channel mapped.
+pub fn spawn_child(
     dir: &Path,
     name: &str,
     entry: &str,
     env: &[(&str, &str)],
-) -> (Kid, PathBuf, vtism_host::sys::FileMapping) {
+    chan_bytes: u64,
+) -> (Kid, PathBuf, ChannelFile) {
     let chan = dir.join(format!("{name}.chan"));
     std::fs::File::create(&chan)
         .unwrap()
-        .set_len(1 << 20)
+        .set_len(chan_bytes)
         .unwrap();
     let sock = dir.join(format!("qmp/{name}.qmp"));
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
+    let child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", entry, "--nocapture", "--test-threads=1"])
         .env("VTISM_FAKE_QEMU_SOCK", &sock)
         .env("VTISM_FAKE_QEMU_NAME", name)
@@ -199,14 +243,32 @@ pub fn spawn_fake_child(
         .spawn()
         .unwrap();
     let kid = Kid(child);
-    let t = std::time::Instant::now();
+    let t = Instant::now();
     while !sock.exists() {
         assert!(
             t.elapsed() < Duration::from_secs(20),
-            "{name} never listened"
+            "the fake QEMU {name} did not start"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let map = vtism_host::sys::FileMapping::open(&chan, 1 << 20).unwrap();
+    let map = ChannelFile::open(&chan, chan_bytes, None).unwrap();
     (kid, sock, map)
+}
+
+/// As `spawn_child` with a 1 MiB channel.
+pub fn spawn_fake_child(
+    dir: &Path,
+    name: &str,
+    entry: &str,
+    env: &[(&str, &str)],
+) -> (Kid, PathBuf, ChannelFile) {
+    spawn_child(dir, name, entry, env, 1 << 20)
+}
+
+/// A well-behaved fake QEMU (`fake_qemu_process`) serving `qmp/<name>.qmp` under `dir`, with a
+/// channel file of `chan_bytes` and a mapping of it for the test's guest side.
+pub fn spawn_qemu(dir: &Path, name: &str, chan_bytes: u64) -> (FakeQemu, MmapRegion, ChannelFile) {
+    let (kid, _sock, map) = spawn_child(dir, name, "fake_qemu_process", &[], chan_bytes);
+    let region = map.region();
+    (kid, region, map)
 }
