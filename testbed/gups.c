@@ -17,7 +17,11 @@
  *     (0: never);
  *   - with --move-after S, the hot set jumps S seconds after TBREADY to the middle of the region
  *     (as HeMem's and the simulator's moving hot set do) and the workload prints
- *     TBMOVE <ms since ready>.
+ *     TBMOVE <ms since ready>;
+ *   - with --warm-after S, the background above starts only S seconds after TBREADY (before
+ *     the move, if any): until then every update goes to the hot set and each cold page is
+ *     touched every --calm-cold-period seconds (60); the workload prints TBWARM <ms since ready>.
+ *     One run then holds a calm case and a warm one.
  * Every second:
  *   TBTPUT <ms since ready> <updates per second> <of them uniform> <cold touches per second>
  */
@@ -115,13 +119,16 @@ int main(int argc, char **argv)
 	size_t mib = arg(argc, argv, "--mib", 128), hot_mib = arg(argc, argv, "--hot-mib", 16);
 	unsigned long cold_period = arg(argc, argv, "--cold-period", 30);
 	unsigned long move_after = arg(argc, argv, "--move-after", 0);
+	unsigned long warm_after = arg(argc, argv, "--warm-after", 0);
+	unsigned long calm_cold_period = arg(argc, argv, "--calm-cold-period", 60);
 	double uniform = farg(argc, argv, "--uniform-share", 0);
 	size_t pages = mib * 256, hot = hot_mib * 256;
 
 	if (!mib || hot == 0 || hot > pages || !(uniform >= 0 && uniform < 1) ||
-	    (move_after && hot * 2 > pages)) {
+	    (move_after && hot * 2 > pages) || (warm_after && move_after && warm_after >= move_after)) {
 		fprintf(stderr, "usage: gups --mib N --hot-mib H (0 < H <= N) [--cold-period S (0: off)]\n"
-				"            [--uniform-share F (0 <= F < 1)] [--move-after S (needs 2H <= N)]\n");
+				"            [--uniform-share F (0 <= F < 1)] [--move-after S (needs 2H <= N)]\n"
+				"            [--warm-after S (before the move) [--calm-cold-period S]]\n");
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -172,8 +179,13 @@ int main(int argc, char **argv)
 
 	uint64_t *all = (uint64_t *)p, nall = pages * PAGE / 8, nhot = hot * PAGE / 8;
 	uint64_t *hotw = all, x = 0x9e3779b97f4a7c15ULL, y = 0xd1b54a32d192ed03ULL;
-	/* an update is uniform when the top 32 bits of y fall below this */
-	uint64_t uniform_below = (uint64_t)(uniform * 4294967296.0);
+	/* an update is uniform when the top 32 bits of y fall below this; calm: none is */
+	uint64_t warm_uniform_below = (uint64_t)(uniform * 4294967296.0);
+	uint64_t uniform_below = warm_after ? 0 : warm_uniform_below;
+	unsigned long warm_cold_period = cold_period;
+
+	if (warm_after)
+		cold_period = calm_cold_period;
 	uint64_t t0 = now_ms(), last = t0, updates = 0, uniform_updates = 0, touches = 0;
 	/* round-robin over the pages outside the hot set in force */
 	size_t cold_next = 0, hot_first = 0;
@@ -195,6 +207,12 @@ int main(int argc, char **argv)
 		uint64_t t = now_ms();
 		if (t - last < 1000)
 			continue;
+		if (warm_after && t - t0 >= warm_after * 1000) {
+			warm_after = 0;
+			uniform_below = warm_uniform_below;
+			cold_period = warm_cold_period;
+			printf("TBWARM %llu\n", (unsigned long long)(t - t0));
+		}
 		if (move_after && !moved && t - t0 >= move_after * 1000) {
 			moved = 1;
 			hot_first = next;

@@ -78,9 +78,15 @@ pub struct RunArgs {
     pub uniform_share: Option<f64>,
     /// The workload's shape: the hot set moves to the middle of the region this many seconds
     /// after the workload is ready (after the control phase); the new hot set then gets the
-    /// tracking limit again. Default: it never moves.
+    /// tracking limit again. The profiles' 150; 0: it never moves.
     #[arg(long, value_name = "S")]
     pub move_after: Option<u64>,
+    /// The workload's shape: the background of --cold-period and --uniform-share starts this
+    /// many seconds after the workload is ready; until then every update goes to the hot set and
+    /// each cold page is touched once a minute (the calm case). The profiles' 90; 0: from the
+    /// start.
+    #[arg(long, value_name = "S")]
+    pub warm_after: Option<u64>,
 }
 
 pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
@@ -104,6 +110,9 @@ pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
     }
     if let Some(m) = r.move_after {
         settings.move_after_s = m;
+    }
+    if let Some(w) = r.warm_after {
+        settings.warm_after_s = w;
     }
     settings.validate()?;
     let out = r.out.unwrap_or_else(|| {

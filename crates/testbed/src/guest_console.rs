@@ -1,6 +1,6 @@
 //! The nested guest's serial console as the emulated host sees it (a file QEMU appends to): new
 //! complete lines since the last look, and the GUPS workload's ground truth in them
-//! (testbed/gups.c: TBHOT, TBCOLD, TBNEXT, TBREADY, TBMOVE, TBTPUT).
+//! (testbed/gups.c: TBHOT, TBCOLD, TBNEXT, TBREADY, TBWARM, TBMOVE, TBTPUT).
 
 use anyhow::Context;
 use std::io::{Read, Seek, SeekFrom};
@@ -66,6 +66,8 @@ pub struct GupsTruth {
     pub ready: bool,
     /// When the hot set moved, ms after the workload was ready.
     pub moved_at_ms: Option<u64>,
+    /// When the warm background started (with --warm-after), ms after the workload was ready.
+    pub warm_at_ms: Option<u64>,
     pub rate: Option<GupsRate>,
 }
 
@@ -84,6 +86,7 @@ impl GupsTruth {
             "TBHOT" | "TBCOLD" | "TBNEXT" => {}
             "TBREADY" => self.ready = true,
             "TBMOVE" => self.moved_at_ms = nums.first().copied().or(Some(0)),
+            "TBWARM" => self.warm_at_ms = nums.first().copied().or(Some(0)),
             "TBTPUT" => {
                 if let Some(&ms) = nums.first() {
                     self.rate = Some(GupsRate {

@@ -115,6 +115,7 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
     let mut loaded_at: Option<f64> = None;
     let mut reached_at: Option<f64> = None;
     let mut moved_at: Option<f64> = None;
+    let mut warm_noted = false;
     let mut layout_: Option<Layout> = None;
     let mut last_note = 0u64;
     let period = Duration::from_millis(a.period_ms);
@@ -165,6 +166,10 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             reached_at = None;
             println!("TB the workload's hot set moved at {t:.0} s");
         }
+        if con.truth.warm_at_ms.is_some() && !warm_noted {
+            warm_noted = true;
+            println!("TB the workload's warm background started at {t:.0} s");
+        }
         let nodes = l.ram.nodes()?;
         let on = |set: &[i32], i: usize| set.contains(&nodes[i]);
         let st = vtismd::status(&a.control_socket, &a.vm);
@@ -194,6 +199,7 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             },
             updates_per_s: con.truth.rate.map(|r| r.updates_per_s),
             hot_set_moves: l.generation,
+            warm: settings.warm_after_s == 0 || con.truth.warm_at_ms.is_some(),
         };
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         println!(
@@ -233,6 +239,12 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             if !move_pending && t - since >= (settings.track_limit_s + settings.hold_s) as f64 {
                 println!("TB tracking limit reached ({} s)", settings.track_limit_s);
                 return Ok(());
+            }
+            if settings.warm_after_s > 0
+                && con.truth.warm_at_ms.is_none()
+                && t >= settings.warm_after_s as f64 + 60.0
+            {
+                bail!("the workload's warm background did not start {t:.0} s into the run");
             }
             if move_pending && t >= settings.move_after_s as f64 + 60.0 {
                 bail!("the workload's hot set did not move {t:.0} s into the run");

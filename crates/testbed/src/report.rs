@@ -43,6 +43,9 @@ pub struct Sample {
     /// those of the hot set in force.
     #[serde(default)]
     pub hot_set_moves: u32,
+    /// The workload's warm background runs (from the start, or since --warm-after).
+    #[serde(default)]
+    pub warm: bool,
 }
 
 impl Sample {
@@ -172,6 +175,10 @@ pub fn checks(s: &Settings, samples: &[Sample]) -> Vec<Check> {
         },
     ));
 
+    // A warm background after the calm case: the hot set stays on DRAM under it.
+    if s.warm_after_s > 0 {
+        out.push(warm_check(s, &tracking));
+    }
     // A moving hot set: the new one reaches DRAM within the tracking limit of the move.
     if s.move_after_s > 0 {
         out.push(moved_check(s, &tracking));
@@ -241,6 +248,40 @@ fn held_before_move(s: &Settings, tracking: &[&Sample]) -> Option<(f64, f64, f64
         before[0].t_s,
         before.len(),
     ))
+}
+
+/// Once the calm case has put the hot set on DRAM, the warm background (every page touched
+/// within seconds) must not trade it for warm pages: at every sample from the background's start
+/// to the move, the hot set is on DRAM at the target share.
+fn warm_check(s: &Settings, tracking: &[&Sample]) -> Check {
+    const NAME: &str = "warm: the hot set stays on DRAM under the warm background";
+    let warm: Vec<&Sample> = tracking
+        .iter()
+        .copied()
+        .filter(|x| x.warm && x.hot_set_moves == 0)
+        .collect();
+    let Some(worst) = warm
+        .iter()
+        .min_by(|a, b| a.hot_dram_share().total_cmp(&b.hot_dram_share()))
+    else {
+        return check(
+            NAME,
+            false,
+            "no tracking sample with the warm background before the move".into(),
+        );
+    };
+    check(
+        NAME,
+        worst.hot_dram_share() >= s.target_share,
+        format!(
+            "lowest {:.1}% at {:.0} s over {} samples from {:.0} s to the move (target {:.0}% at every sample)",
+            100.0 * worst.hot_dram_share(),
+            worst.t_s,
+            warm.len(),
+            warm[0].t_s,
+            100.0 * s.target_share
+        ),
+    )
 }
 
 fn moved_check(s: &Settings, tracking: &[&Sample]) -> Check {
@@ -317,7 +358,7 @@ pub fn summary(s: &Settings, samples: &[Sample]) -> String {
             100.0 * l.cold_slow_share()
         );
     }
-    if s.move_after_s > 0 {
+    if s.move_after_s > 0 && s.warm_after_s == 0 {
         let _ = match held_before_move(s, &tracking) {
             Some((worst, at, from, n)) => writeln!(
                 o,
@@ -482,6 +523,7 @@ mod tests {
             quota_bytes: 20 << 20,
             updates_per_s: Some(1_000_000),
             hot_set_moves: 0,
+            warm: false,
         }
     }
 
@@ -504,10 +546,11 @@ mod tests {
         v
     }
 
-    /// The test profile with a hot set that never moves.
+    /// The test profile with a hot set that never moves and no warm background.
     fn still() -> Settings {
         Settings {
             move_after_s: 0,
+            warm_after_s: 0,
             ..Settings::for_profile(Profile::Test)
         }
     }
@@ -566,6 +609,7 @@ mod tests {
     fn a_moved_hot_set_must_reach_dram_again() {
         let s = Settings {
             move_after_s: 50,
+            warm_after_s: 0,
             ..Settings::for_profile(Profile::Test)
         };
         let moved = |reconverges: bool| {
@@ -609,6 +653,43 @@ mod tests {
             x.hot_dram_frames = x.hot_dram_frames.min(3000);
         }
         assert!(summary(&s, &v).contains("the hot set never reached 90% on DRAM"));
+    }
+
+    #[test]
+    fn the_hot_set_must_hold_under_the_warm_background() {
+        let s = Settings {
+            warm_after_s: 47,
+            move_after_s: 54,
+            ..Settings::for_profile(Profile::Test)
+        };
+        let run = |dip: Option<f64>| {
+            let mut v = good_run();
+            for x in v.iter_mut() {
+                x.warm = x.t_s >= 47.0;
+                if x.t_s >= 54.0 {
+                    x.hot_set_moves = 1;
+                }
+                if Some(x.t_s) == dip {
+                    x.hot_dram_frames = 3000;
+                }
+            }
+            v
+        };
+        let c = checks(&s, &run(None));
+        assert_eq!(failed(&c), Vec::<&str>::new(), "{c:#?}");
+        assert_eq!(
+            failed(&checks(&s, &run(Some(50.0)))),
+            vec!["warm: the hot set stays on DRAM under the warm background"]
+        );
+        // a dip after the move is the move's business, not the warm check's
+        let f = failed(&checks(&s, &run(Some(56.0))));
+        assert!(!f.contains(&"warm: the hot set stays on DRAM under the warm background"));
+        // the background never started
+        let f = failed(&checks(&s, &good_run()));
+        assert!(
+            f.contains(&"warm: the hot set stays on DRAM under the warm background"),
+            "{f:?}"
+        );
     }
 
     #[test]

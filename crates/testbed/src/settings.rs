@@ -25,6 +25,10 @@ pub struct Settings {
     pub uniform_share: f64,
     /// Seconds after the workload is ready at which its hot set moves (0: never).
     pub move_after_s: u64,
+    /// Seconds after the workload is ready at which the background above (cold_period_s,
+    /// uniform_share) starts; until then every update goes to the hot set and each cold page is
+    /// touched once a minute, the calm case (0: the background runs from the start).
+    pub warm_after_s: u64,
     /// The guest's fast-memory quota in vtismd's config.
     pub quota_mib: u64,
     /// Seconds the workload runs without the tracker (the control phase).
@@ -60,11 +64,14 @@ impl Settings {
                 guest_mib: 256,
                 work_mib: 96,
                 hot_mib: 16,
-                // HeMem's GUPS: a tenth of the updates spread over the whole region, every page
-                // touched within seconds (a warm background), and a hot set that moves.
+                // One boot, three cases: calm (every update to the hot set, cold pages touched
+                // once a minute) until 90 s; then HeMem's GUPS (a tenth of the updates spread
+                // over the whole region, every page touched within 2 s: a warm background); then
+                // the hot set moves.
                 cold_period_s: 2,
                 uniform_share: 0.1,
-                move_after_s: 90,
+                warm_after_s: 90,
+                move_after_s: 150,
                 quota_mib: 20,
                 control_s: 30,
                 track_limit_s: 300,
@@ -112,6 +119,9 @@ impl Settings {
         if self.move_after_s > 0 {
             a.push_str(&format!("+--move-after+{}", self.move_after_s));
         }
+        if self.warm_after_s > 0 {
+            a.push_str(&format!("+--warm-after+{}", self.warm_after_s));
+        }
         a
     }
 
@@ -134,6 +144,13 @@ impl Settings {
         if self.move_after_s > 0 && self.move_after_s <= self.control_s {
             bail!("move_after_s must come after the control phase (control_s)");
         }
+        if self.warm_after_s > 0 && self.warm_after_s <= self.control_s {
+            bail!("warm_after_s must come after the control phase (control_s)");
+        }
+        if self.warm_after_s > 0 && self.move_after_s > 0 && self.warm_after_s >= self.move_after_s
+        {
+            bail!("warm_after_s must come before move_after_s");
+        }
         if self.move_after_s > 0 && 2 * self.hot_mib > self.work_mib {
             bail!("a moving hot set needs work_mib >= 2 * hot_mib (the new hot set is disjoint)");
         }
@@ -150,6 +167,7 @@ impl Settings {
         kv("COLD_PERIOD_S", self.cold_period_s.to_string());
         kv("UNIFORM_SHARE", self.uniform_share.to_string());
         kv("MOVE_AFTER_S", self.move_after_s.to_string());
+        kv("WARM_AFTER_S", self.warm_after_s.to_string());
         kv("QUOTA_MIB", self.quota_mib.to_string());
         kv("CONTROL_S", self.control_s.to_string());
         kv("TRACK_LIMIT_S", self.track_limit_s.to_string());
@@ -194,6 +212,7 @@ impl Settings {
                 .parse()
                 .context("testbed.env: UNIFORM_SHARE is not a number")?,
             move_after_s: num("MOVE_AFTER_S")?,
+            warm_after_s: num("WARM_AFTER_S")?,
             quota_mib: num("QUOTA_MIB")?,
             control_s: num("CONTROL_S")?,
             track_limit_s: num("TRACK_LIMIT_S")?,
@@ -238,6 +257,7 @@ mod tests {
         let mut s = Settings::for_profile(Profile::Test);
         s.uniform_share = 0.2;
         s.move_after_s = 120;
+        s.warm_after_s = 0;
         s.cold_period_s = 5;
         s.validate().unwrap();
         assert_eq!(Settings::from_env(&s.to_env(&[])).unwrap(), s);
@@ -248,11 +268,11 @@ mod tests {
     }
 
     #[test]
-    fn the_default_workload_is_warm_and_moves() {
+    fn the_default_workload_is_calm_then_warm_then_moves() {
         let s = Settings::for_profile(Profile::Test);
         assert_eq!(
             s.gups_args(),
-            "--mib+96+--hot-mib+16+--cold-period+2+--uniform-share+0.1+--move-after+90"
+            "--mib+96+--hot-mib+16+--cold-period+2+--uniform-share+0.1+--move-after+150+--warm-after+90"
         );
     }
 
@@ -270,13 +290,29 @@ mod tests {
             (
                 Settings {
                     move_after_s: 10,
+                    warm_after_s: 0,
                     ..base.clone()
                 },
                 "move_after_s",
             ),
             (
                 Settings {
+                    warm_after_s: 20,
+                    ..base.clone()
+                },
+                "warm_after_s must come after",
+            ),
+            (
+                Settings {
+                    warm_after_s: 200,
+                    ..base.clone()
+                },
+                "warm_after_s must come before",
+            ),
+            (
+                Settings {
                     move_after_s: 100,
+                    warm_after_s: 0,
                     hot_mib: 60,
                     quota_mib: 64,
                     ..base.clone()
