@@ -42,6 +42,17 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every reason's label, for metrics that show the zeros too.
+    pub const LABELS: [&'static str; 7] = [
+        "not_qemu",
+        "uid",
+        "process",
+        "ram_too_large",
+        "ram_not_mapped",
+        "bad_memory_map",
+        "pid_changed",
+    ];
+
     /// The reason as a metric label.
     pub fn label(&self) -> &'static str {
         match self {

@@ -282,7 +282,7 @@ impl Daemon {
     }
 
     /// Sockets discovery refused or could not attach, and VMs dropped for lying about their
-    /// memory (tests; not yet in the metrics).
+    /// memory (also in the status and the metrics).
     pub fn admission_counts(&self) -> (&crate::admission::Counts, u64) {
         (&self.discovery.counts, self.registry.dropped_lying)
     }
@@ -844,6 +844,11 @@ impl Daemon {
             mover_jobs: self.mover.gauges.jobs.load(Ordering::Relaxed),
             vms_dropped: self.registry.dropped,
             channel_faults: self.totals.channel_faults.clone(),
+            admission_refused: self.discovery.counts.refused.clone(),
+            attach_failed: self.discovery.counts.failed,
+            sockets_deferred: self.discovery.counts.deferred,
+            unsafe_scan_dirs: self.discovery.counts.unsafe_dirs,
+            vms_dropped_lying: self.registry.dropped_lying,
             interval_ms: self.cfg.daemon.interval_ms,
             metrics: self.metrics_addr.map(|a| a.to_string()),
             engine_memory_bytes: self.tiering.engine().memory_bytes() as u64,

@@ -64,6 +64,16 @@ pub struct DaemonStatus {
     pub vms_dropped: u64,
     /// VMs let go because their channel file was truncated, resized or replaced, by fault.
     pub channel_faults: BTreeMap<&'static str, u64>,
+    /// Discovered sockets refused admission, by reason ("Threat model", "A compromised QEMU").
+    pub admission_refused: BTreeMap<&'static str, u64>,
+    /// Attaches that failed (no answer, bad QMP, a monitor that is not QEMU's).
+    pub attach_failed: u64,
+    /// Sockets left for a later scan (the attach queue full, or `max_vms` reached).
+    pub sockets_deferred: u64,
+    /// Scan directories found writable by others than the admins.
+    pub unsafe_scan_dirs: u64,
+    /// VMs dropped because their memory map stopped matching the process's mappings.
+    pub vms_dropped_lying: u64,
     pub interval_ms: u64,
     pub metrics: Option<String>,
     /// Heap held by the engine.
@@ -671,6 +681,38 @@ impl DaemonStatus {
                 self.channel_faults.get(fault).copied().unwrap_or(0),
             );
         }
+        for reason in crate::admission::Refusal::LABELS {
+            f.counter(
+                "vtism_admission_refused",
+                "Discovered sockets refused admission (not a QEMU process, wrong user, RAM claims).",
+                vec![("reason", Cow::Borrowed(reason))],
+                self.admission_refused.get(reason).copied().unwrap_or(0),
+            );
+        }
+        f.counter(
+            "vtism_attach_failed",
+            "Attaches to a discovered socket that failed (no answer, bad QMP, deadline).",
+            vec![],
+            self.attach_failed,
+        );
+        f.counter(
+            "vtism_sockets_deferred",
+            "Discovered sockets left for a later scan (attach queue full or max_vms reached).",
+            vec![],
+            self.sockets_deferred,
+        );
+        f.counter(
+            "vtism_unsafe_scan_dirs",
+            "Scan directories found writable by others than the admins.",
+            vec![],
+            self.unsafe_scan_dirs,
+        );
+        f.counter(
+            "vtism_vms_dropped_lying",
+            "VMs dropped because their memory map no longer matched the process's mappings.",
+            vec![],
+            self.vms_dropped_lying,
+        );
         f.gauge(
             "vtism_round_seconds",
             "Wall time of the last round.",

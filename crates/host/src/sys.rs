@@ -228,7 +228,6 @@ pub fn thread_cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-
 /// Signals the daemon reacts to, turned into flags by an async-signal-safe handler.
 pub mod signals {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -274,9 +273,7 @@ mod tests {
         std::fs::File::create(&p).unwrap().set_len(8192).unwrap();
         let mine = std::fs::metadata(&p).unwrap().uid();
         let other = if mine == 4242 { 4243 } else { 4242 };
-        let e = ChannelFile::open(&p, 1 << 20, Some(other))
-            .err()
-            .unwrap();
+        let e = ChannelFile::open(&p, 1 << 20, Some(other)).err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
         let m = ChannelFile::open(&p, 1 << 20, Some(mine)).unwrap();
         assert_eq!(m.len(), 8192);
@@ -328,9 +325,7 @@ mod tests {
         // SAFETY: a valid C string.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let opens = opens_during(&fifo, || {
-            let e = ChannelFile::open(&fifo, 1 << 20, Some(mine))
-                .err()
-                .unwrap();
+            let e = ChannelFile::open(&fifo, 1 << 20, Some(mine)).err().unwrap();
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         });
         assert_eq!(opens, 0, "the FIFO was opened before its type was checked");

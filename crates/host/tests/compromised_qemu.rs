@@ -17,9 +17,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vtism_host::channel_file::ChannelFile;
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_host::channel_file::ChannelFile;
 use vtism_proto::{ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, Tracker};
 
 /// A slow monitor's answer time: inside the per-command timeout of `daemon_sections` (2 s), so
@@ -223,6 +223,26 @@ fn spoofed_sockets_are_refused_without_a_thread_each() {
     let (c, _) = d.admission_counts();
     eprintln!("spoof: slowest round {slowest:?}, {most} threads at most ({before} before), {c:?}");
     assert!(c.deferred > 0, "the queue bounded the work per scan: {c:?}");
+    // The status and the metrics say so.
+    let st = d.status();
+    let refused = st["daemon"]["admission_refused"]["not_qemu"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(refused >= 1000, "{}", st["daemon"]);
+    let m = vtism_host::serve::ctl_request(&dir.join("ctl.sock"), "metrics").unwrap();
+    let m = m["metrics"].as_str().unwrap();
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("vtism_admission_refused_total{reason=\"not_qemu\"} "))
+        .unwrap_or_else(|| panic!("no not_qemu refusals in\n{m}"));
+    assert!(
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap() >= 1000,
+        "{line}"
+    );
+    assert!(
+        m.contains("vtism_admission_refused_total{reason=\"uid\"} 0"),
+        "{m}"
+    );
     // (Retries of a socket whose backlog the first attempt filled fail at once: `failed`.)
     // Two attach threads and the good VM's refresh thread at most.
     assert!(most <= before + 3, "{most} threads, {before} before");
