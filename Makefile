@@ -45,8 +45,7 @@ demo: deps-demo build-release
 demo-engine: build-release
 	$(RELEASE_BIN) demo
 
-test: deps-test lint test-rust test-c test-module test-guest-e2e test-host-e2e test-testbed \
-	test-packaging
+test: deps-test lint test-rust test-c test-module test-e2e test-testbed test-packaging
 	@echo "make test: all passed"
 
 lint:
@@ -68,6 +67,11 @@ test-module:
 # (run-e2e.sh runs run-damon-e2e.sh); precision/recall of the reported hot set and the rest.
 test-guest-e2e:
 	guest/tests/run-e2e.sh
+
+# The module's e2e and the host e2e in turn, the DAMON agent's e2e beside them (it mostly waits on
+# DAMON's aggregations): what make test runs of the two suites above.
+test-e2e: build-release
+	scripts/e2e-suites.sh
 
 # The DAMON agent's scenario alone.
 test-damon-e2e:

@@ -10,7 +10,7 @@
 # if anything failed.
 #
 # usage: guest/tests/run-damon-e2e.sh
-# env:   VTISM_E2E_OUT (default <repo>/build/e2e), VTISM_E2E_TIMEOUT (default 900 s),
+# env:   VTISM_E2E_OUT (default <repo>/build/e2e), VTISM_E2E_TIMEOUT (default 1500 s: the scenario takes 13-15 min, most of it the intervals loop settling twice),
 #        VTISM_DAMON_AGENT (the agent's options, comma-separated),
 #        VTISM_DAMON_WORKLOAD (the workload's options, comma-separated)
 set -uo pipefail
@@ -18,7 +18,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tests=$repo/guest/tests
 out=${VTISM_E2E_OUT:-$repo/build/e2e}
-timeout=${VTISM_E2E_TIMEOUT:-900}
+timeout=${VTISM_E2E_TIMEOUT:-1500}
 s=6.12
 d=$out/damon-$s
 # the agent's options: the CPU budget is 20% of a vCPU because TCG runs guest code about 20 times
