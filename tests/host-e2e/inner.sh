@@ -198,7 +198,15 @@ fb=$(python3 -c "
 import mmap, struct
 with open('/dev/shm/vtism-vm-a.chan', 'r+b') as f:
     m = mmap.mmap(f.fileno(), 4096); print(struct.unpack_from('<Q', m, 0x820)[0])")
-[ "$fb" = $((48 << 20)) ] && pass "feedback: vm-a's channel carries its new quota" || fail "feedback: fast_quota_bytes is $fb"
+# The guest is told its quota rounded to the nearest 1/32 of its RAM (docs/host.md, "Threat
+# model": exact quotas would tell a guest the other VMs' demand in pool mode).
+want=$($BIN ctl --socket $W/ctl.sock status --json | python3 -c "
+import json, sys
+ram = [v['ram_bytes'] for v in json.load(sys.stdin)['vms'] if v['name'] == 'vm-a'][0]
+step = max((ram // 32) & ~4095, 4096)
+print(min(max((48 << 20) + step // 2, step) // step * step, max(ram, step)))")
+[ "$fb" = "$want" ] && pass "feedback: vm-a's channel carries its new quota ($fb: 48 MiB to 1/32 of its RAM)" ||
+	fail "feedback: fast_quota_bytes is $fb, want $want (48 MiB to 1/32 of its RAM)"
 echo '[daemon]
 interval_ms = 0' >$W/bad.toml
 check "check-config names the bad field" bash -c "out=\$($BIN host --check-config -c $W/bad.toml 2>&1); rc=\$?; echo \"\$out\"; [ \$rc -ne 0 ] && echo \"\$out\" | grep -q daemon.interval_ms"
