@@ -192,16 +192,17 @@ static void vt_burst_windows_init(struct vt_burst_windows *bw, const struct vt_b
 	bw->idle = bw->has_long ? vt_idle_codes(r->ft_us, bw->long_us, VT_FINE_DIV) : 0;
 	t = bw->t[1];
 	bw->idle = vt_short_idle(&t, bw->w_us, bw->m, bw->idle);
-	for (j = 1; j <= bw->m; j++)
+	for (j = 1; j < bw->m; j++)
 		bw->t[j + 1] = vt_exposure(bw->t[j], bw->w_us, VT_FINE_DIV);
+	bw->t[bw->m + 1] = t;
 	bw->fast_code = bw->has_long ? vt_fast_code(bw->long_us) : VT_RC_MAX + 1;
 	bw->s0 = r->fs_us;
 	bw->s1 = bw->has_long ? vt_exposure(r->fs_us, bw->long_us, VT_FINE_DIV) : r->fs_us;
 	t = bw->s1;
 	bw->idle_fast = vt_short_idle(&t, bw->w_us, bw->m,
 				      bw->has_long ? vt_idle_codes(r->fs_us, bw->long_us, VT_FINE_DIV) : 0);
-	t = r->fs_us;
-	vt_short_idle(&t, bw->w_us, bw->m, 0);
+	for (t = r->fs_us, j = 0; j < bw->m; j++)
+		t = vt_exposure(t, bw->w_us, VT_FINE_DIV);
 	bw->s_end = t;
 }
 
