@@ -64,15 +64,26 @@ damon_cat() {
 	done
 	echo "?"
 }
+# damon_echo VALUE FILE: DAMON's sysfs writes fail (EBUSY) while its lock is taken, which a
+# running kdamond does every sampling interval: retry for up to 60 s
+damon_echo() {
+	n=0
+	while [ $n -lt 300 ]; do
+		echo "$1" 2>/dev/null >"$2" && return 0
+		sleep 0.2; n=$((n + 1))
+	done
+	say "VTLOG writing $1 to $2 failed: $(echo "$1" 2>&1 >"$2")"
+	return 1
+}
 # the test's own sysfs kdamond 0 as text: everything the agent must leave alone
 kdamond0() {
 	c=$D/0/contexts/0
-	echo "nr=$(cat $D/nr_kdamonds) state=$(cat $D/0/state) pid=$(cat $D/0/pid)" \
-		"ops=$(cat $c/operations) sample=$(cat $c/monitoring_attrs/intervals/sample_us)" \
-		"aggr=$(cat $c/monitoring_attrs/intervals/aggr_us)" \
-		"regions=$(cat $c/monitoring_attrs/nr_regions/min)-$(cat $c/monitoring_attrs/nr_regions/max)" \
-		"targets=$(cat $c/targets/nr_targets) target=$(cat $c/targets/0/pid_target)" \
-		"schemes=$(cat $c/schemes/nr_schemes)"
+	echo "nr=$(damon_cat $D/nr_kdamonds) state=$(damon_cat $D/0/state) pid=$(damon_cat $D/0/pid)" \
+		"ops=$(damon_cat $c/operations) sample=$(damon_cat $c/monitoring_attrs/intervals/sample_us)" \
+		"aggr=$(damon_cat $c/monitoring_attrs/intervals/aggr_us)" \
+		"regions=$(damon_cat $c/monitoring_attrs/nr_regions/min)-$(damon_cat $c/monitoring_attrs/nr_regions/max)" \
+		"targets=$(damon_cat $c/targets/nr_targets) target=$(damon_cat $c/targets/0/pid_target)" \
+		"schemes=$(damon_cat $c/schemes/nr_schemes)"
 }
 # DAMON_RECLAIM's parameters but enabled and kdamond_pid
 reclaim_params() {
@@ -96,14 +107,14 @@ grep 'System RAM' /proc/iomem | sed 's/^ */VTRAM /'
 # ---- 1a. a configured sysfs kdamond that is not the agent's: --if-busy exit refuses ----
 sleep 100000 &
 TARGET=$!
-echo 1 >$D/nr_kdamonds
-echo 1 >$D/0/contexts/nr_contexts
+damon_echo 1 $D/nr_kdamonds
+damon_echo 1 $D/0/contexts/nr_contexts
 c=$D/0/contexts/0
-echo vaddr >$c/operations
-echo 1 >$c/targets/nr_targets
-echo $TARGET >$c/targets/0/pid_target
-echo 7000 >$c/monitoring_attrs/intervals/sample_us
-echo 140000 >$c/monitoring_attrs/intervals/aggr_us
+damon_echo vaddr $c/operations
+damon_echo 1 $c/targets/nr_targets
+damon_echo $TARGET $c/targets/0/pid_target
+damon_echo 7000 $c/monitoring_attrs/intervals/sample_us
+damon_echo 140000 $c/monitoring_attrs/intervals/aggr_us
 before=$(kdamond0)
 if /bin/vtism guest $ARGS --if-busy exit --rounds 1 >/tmp/refuse.log 2>&1; then
 	result busy-exit fail "the agent ran beside a foreign kdamond"
@@ -114,7 +125,7 @@ else
 fi
 
 # ---- 1b. the same kdamond running: the agent waits, touching nothing, and stops on SIGTERM ----
-echo on >$D/0/state
+damon_echo on $D/0/state
 before=$(kdamond0)
 /bin/vtism guest $ARGS --status-file /tmp/rounds-1b >/tmp/wait.log 2>&1 &
 AG=$!
@@ -133,27 +144,27 @@ elif [ $rc -ne 0 ] || ! grep -q 'waiting until it is free' /tmp/wait.log; then
 else
 	result waits-beside-sysfs ok "8 s beside it, exit 0 on SIGTERM, unchanged: $after"
 fi
-echo off >$D/0/state
-echo 0 >$D/nr_kdamonds
+damon_echo off $D/0/state
+damon_echo 0 $D/nr_kdamonds
 kill $TARGET
 
 # ---- 1c. DAMON_RECLAIM (exclusive): the agent waits, then starts once it is disabled ----
-if echo Y >$R/enabled && [ "$(cat $R/kdamond_pid)" -gt 0 ]; then
+if echo Y 2>/tmp/reclaim.err >$R/enabled && [ "$(cat $R/kdamond_pid)" -gt 0 ]; then
 	rpid=$(cat $R/kdamond_pid)
 	rparams=$(reclaim_params)
 	/bin/vtism guest $ARGS --busy-poll-ms 1000 --status-file $RF --stats-file $ST \
 		>/tmp/agent.log 2>&1 &
 	AG=$!
 	sleep 8
-	if [ -f $RF ] || [ "$(cat $D/nr_kdamonds)" != 0 ] || [ "$(cat $R/kdamond_pid)" != "$rpid" ] ||
+	if [ -f $RF ] || [ "$(damon_cat $D/nr_kdamonds)" != 0 ] || [ "$(cat $R/kdamond_pid)" != "$rpid" ] ||
 		[ "$(reclaim_params)" != "$rparams" ] || ! kill -0 $AG; then
-		result waits-beside-reclaim fail "rounds $(rounds), nr_kdamonds $(cat $D/nr_kdamonds), reclaim pid $rpid -> $(cat $R/kdamond_pid), $(tail -n 2 /tmp/agent.log)"
+		result waits-beside-reclaim fail "rounds $(rounds), nr_kdamonds $(damon_cat $D/nr_kdamonds), reclaim pid $rpid -> $(cat $R/kdamond_pid), $(tail -n 2 /tmp/agent.log)"
 	else
 		result waits-beside-reclaim ok "8 s, no kdamond directory, DAMON_RECLAIM pid $rpid and parameters unchanged"
 	fi
 	echo N >$R/enabled
 else
-	result waits-beside-reclaim fail "DAMON_RECLAIM did not start: enabled=$(cat $R/enabled) pid=$(cat $R/kdamond_pid)"
+	result waits-beside-reclaim fail "DAMON_RECLAIM did not start: enabled=$(cat $R/enabled) pid=$(cat $R/kdamond_pid) $(cat /tmp/reclaim.err), nr_kdamonds $(damon_cat $D/nr_kdamonds)"
 	/bin/vtism guest $ARGS --status-file $RF --stats-file $ST >/tmp/agent.log 2>&1 &
 	AG=$!
 fi
@@ -172,7 +183,7 @@ if echo Y >$R/enabled 2>/tmp/reclaim.err; then
 elif wait_rounds 2 60 && [ "$(cat $R/enabled)" = N ] && [ "$(damon_cat $D/0/state)" = on ]; then
 	result exclusive-while-running ok "enabling DAMON_RECLAIM: $(cut -d: -f2- /tmp/reclaim.err); the agent went on (rounds $r0 -> $(rounds))"
 else
-	result exclusive-while-running fail "enabled=$(cat $R/enabled), state $(cat $D/0/state), rounds $r0 -> $(rounds)"
+	result exclusive-while-running fail "enabled=$(cat $R/enabled), state $(damon_cat $D/0/state), rounds $r0 -> $(rounds)"
 fi
 
 # ---- 2. the warm workload ----
@@ -225,10 +236,10 @@ kill -TERM $AG
 wait $AG
 rc=$?
 tail -n 5 /tmp/agent.log | sed 's/^/VTLOG agent: /'
-if [ $rc -eq 0 ] && [ "$(cat $D/nr_kdamonds)" = 0 ]; then
+if [ $rc -eq 0 ] && [ "$(damon_cat $D/nr_kdamonds)" = 0 ]; then
 	result agent-exit ok "exit 0, nr_kdamonds 0"
 else
-	result agent-exit fail "exit $rc, nr_kdamonds $(cat $D/nr_kdamonds)"
+	result agent-exit fail "exit $rc, nr_kdamonds $(damon_cat $D/nr_kdamonds)"
 fi
 phase exit
 # DAMON_RECLAIM again, as it was before the agent ran

@@ -124,15 +124,40 @@ pub struct Attrs {
     pub max_nr_regions: u64,
 }
 
+/// How long a sysfs access may keep failing with EBUSY before the failure counts.
+const BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `op` until it succeeds, fails otherwise than with EBUSY, or has failed with EBUSY for
+/// `bound`. DAMON's sysfs files take `damon_sysfs_lock` with a trylock (EBUSY when taken), and
+/// a running kdamond takes it in its callbacks every sampling interval (6.12 mm/damon/sysfs.c,
+/// `damon_sysfs_cmd_request_callback`): a loaded guest sees EBUSY on its own kdamond's files.
+fn retry_busy<T>(bound: std::time::Duration, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match op() {
+            Err(e) if is_ebusy(&e) && start.elapsed() < bound => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
+}
+
 fn write(path: &Path, value: &str) -> Result<()> {
-    fs::write(path, value).with_context(|| format!("writing {value:?} to {}", path.display()))
+    retry_busy(BUSY_RETRY, || {
+        fs::write(path, value).with_context(|| format!("writing {value:?} to {}", path.display()))
+    })
 }
 
 fn read(path: &Path) -> Result<String> {
-    Ok(fs::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .trim()
-        .to_string())
+    retry_busy(BUSY_RETRY, || {
+        Ok(fs::read_to_string(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .trim()
+            .to_string())
+    })
 }
 
 fn read_u64(path: &Path) -> Result<u64> {
@@ -663,5 +688,38 @@ mod tests {
         );
         d.write("3/start", "x\n");
         assert!(read_tried_regions(d.path()).is_err());
+    }
+
+    fn ebusy() -> anyhow::Error {
+        anyhow::Error::new(std::io::Error::from_raw_os_error(libc::EBUSY)).context("writing")
+    }
+
+    #[test]
+    fn a_passing_ebusy_is_retried() {
+        let mut tries = 0;
+        let r = retry_busy(std::time::Duration::from_secs(2), || {
+            tries += 1;
+            if tries < 4 {
+                Err(ebusy())
+            } else {
+                Ok(tries)
+            }
+        });
+        assert_eq!(r.unwrap(), 4);
+    }
+
+    #[test]
+    fn a_lasting_ebusy_fails_after_the_bound_and_other_errors_at_once() {
+        let start = std::time::Instant::now();
+        let r: Result<()> = retry_busy(std::time::Duration::from_millis(100), || Err(ebusy()));
+        assert!(is_ebusy(&r.unwrap_err()));
+        assert!(start.elapsed() >= std::time::Duration::from_millis(100));
+        let mut tries = 0;
+        let r: Result<()> = retry_busy(std::time::Duration::from_secs(2), || {
+            tries += 1;
+            bail!("EINVAL")
+        });
+        assert!(r.is_err());
+        assert_eq!(tries, 1);
     }
 }
