@@ -476,6 +476,19 @@ impl Kdamond {
     }
 }
 
+impl Kdamond {
+    /// Like [`Kdamond::remove`], for an owner whose kdamond stops by itself: a virtual-address
+    /// kdamond stops when every target process has exited (6.12 mm/damon/core.c,
+    /// `kdamond_need_stop`), so being off does not mean someone else turned it off. The
+    /// directory is removed if it is the only one and still configured as its owner left it.
+    pub fn remove_even_if_stopped(&mut self) -> Result<()> {
+        if self.started && !self.running() {
+            self.started = false;
+        }
+        self.remove()
+    }
+}
+
 /// Reads a `tried_regions` directory: numbered subdirectories with `start`, `end`,
 /// `nr_accesses`, `age`, in address order.
 pub fn read_tried_regions(dir: &Path) -> Result<Vec<Region>> {
