@@ -592,6 +592,20 @@ mod tests {
         d
     }
 
+    /// The directories the kernel would create for `targets` targets of `regions` regions, a
+    /// scheme and the monitoring attributes (the fake lacks them).
+    fn kernel_dirs(d: &TestDir, targets: usize, regions: usize) {
+        let ctx = d.path().join("kdamonds/0/contexts/0");
+        let mut dirs: Vec<String> = (0..targets)
+            .flat_map(|t| (0..regions).map(move |r| format!("targets/{t}/regions/{r}")))
+            .collect();
+        dirs.extend(["sz", "nr_accesses", "age"].map(|p| format!("schemes/0/access_pattern/{p}")));
+        dirs.extend(["intervals", "nr_regions"].map(|p| format!("monitoring_attrs/{p}")));
+        for dir in dirs {
+            std::fs::create_dir_all(ctx.join(dir)).unwrap();
+        }
+    }
+
     fn attrs() -> Attrs {
         Attrs {
             sample_us: 5000,
@@ -622,27 +636,7 @@ mod tests {
                 end: 0x1_4000_0000,
             },
         ];
-        // the kernel creates the directories; pre-create the ones the fake lacks
-        for i in 0..2 {
-            std::fs::create_dir_all(
-                d.path()
-                    .join(format!("kdamonds/0/contexts/0/targets/0/regions/{i}")),
-            )
-            .unwrap();
-        }
-        for p in ["sz", "nr_accesses", "age"] {
-            std::fs::create_dir_all(d.path().join(format!(
-                "kdamonds/0/contexts/0/schemes/0/access_pattern/{p}"
-            )))
-            .unwrap();
-        }
-        for p in ["intervals", "nr_regions"] {
-            std::fs::create_dir_all(
-                d.path()
-                    .join(format!("kdamonds/0/contexts/0/monitoring_attrs/{p}")),
-            )
-            .unwrap();
-        }
+        kernel_dirs(&d, 1, 2);
         let Start::Running(mut k) = Kdamond::start_new(d.path(), &ranges, &attrs()).unwrap() else {
             panic!("busy")
         };
@@ -878,28 +872,7 @@ mod tests {
     #[test]
     fn fvaddr_targets_written_with_pids_and_replaced_by_a_restart() {
         let d = fake(0);
-        for t in 0..2 {
-            for r in 0..2 {
-                std::fs::create_dir_all(
-                    d.path()
-                        .join(format!("kdamonds/0/contexts/0/targets/{t}/regions/{r}")),
-                )
-                .unwrap();
-            }
-        }
-        for p in ["sz", "nr_accesses", "age"] {
-            std::fs::create_dir_all(d.path().join(format!(
-                "kdamonds/0/contexts/0/schemes/0/access_pattern/{p}"
-            )))
-            .unwrap();
-        }
-        for p in ["intervals", "nr_regions"] {
-            std::fs::create_dir_all(
-                d.path()
-                    .join(format!("kdamonds/0/contexts/0/monitoring_attrs/{p}")),
-            )
-            .unwrap();
-        }
+        kernel_dirs(&d, 2, 2);
         let qemu = |pid, start| Target {
             pid: Some(pid),
             regions: vec![AddrRange {

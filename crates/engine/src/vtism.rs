@@ -239,8 +239,8 @@ impl VtismPolicy {
         self.vms.iter().map(|v| v.spec.id)
     }
 
-    pub fn summary(&self, vm: VmId) -> Result<VmSummary, EngineError> {
-        let v = &self.vms[self.vm_pos(vm)?];
+    /// A VM's frames with a known placement in fast and in slow memory.
+    fn tier_frames(&self, v: &VmState) -> (u64, u64) {
         let (mut fast, mut slow) = (0, 0);
         for (n, &c) in v.node_frames.iter().enumerate() {
             if self.is_fast[n] {
@@ -249,6 +249,12 @@ impl VtismPolicy {
                 slow += c
             }
         }
+        (fast, slow)
+    }
+
+    pub fn summary(&self, vm: VmId) -> Result<VmSummary, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        let (fast, slow) = self.tier_frames(v);
         Ok(VmSummary {
             vm,
             frames: v.frames.len() as u64,
@@ -1038,15 +1044,8 @@ impl VtismPolicy {
     /// worse off than doing nothing. It keeps its placement, even over its quota, until its
     /// first observation.
     fn hold_without_signal(&mut self, vi: usize) -> VmPlanStats {
+        let (fast, slow) = self.tier_frames(&self.vms[vi]);
         let v = &mut self.vms[vi];
-        let (mut fast, mut slow) = (0, 0);
-        for (n, &c) in v.node_frames.iter().enumerate() {
-            if self.is_fast[n] {
-                fast += c
-            } else {
-                slow += c
-            }
-        }
         let stats = VmPlanStats {
             vm: Some(v.spec.id),
             quota_frames: v.spec.fast_quota_bytes / FRAME_SIZE,
