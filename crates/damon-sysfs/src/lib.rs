@@ -377,13 +377,13 @@ impl Kdamond {
     /// an exclusive user took DAMON while ours was off), the kdamond is removed and the busy
     /// reason returned; a kdamond that is no longer as we left it is not touched.
     pub fn restart_with(&mut self, targets: &[Target]) -> Result<Option<Busy>> {
+        if !self.looks_ours() {
+            bail!("kdamond {} was reconfigured by someone else", self.index);
+        }
         if self.started && self.running() {
             write(&self.dir.join("state"), "off")?;
         }
         self.started = false;
-        if !self.looks_ours() {
-            bail!("kdamond {} was reconfigured by someone else", self.index);
-        }
         self.write_targets(targets)?;
         match write(&self.dir.join("state"), "on") {
             Ok(()) => {
@@ -904,6 +904,7 @@ mod tests {
         d.write("kdamonds/0/contexts/0/operations", "paddr\n");
         assert!(k.restart_with(&two).is_err());
         assert_eq!(get(&d, "contexts/0/targets/nr_targets"), "1");
+        assert_eq!(get(&d, "state"), "on", "someone else's kdamond turned off");
     }
 
     #[test]

@@ -390,8 +390,15 @@ fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig) {
                     pause(stop, retry);
                     continue;
                 }
+                // DAMON refused the targets (a QEMU exited before the main loop let its VM
+                // go): still ours, tried again with the next targets.
+                Err(e) if k.looks_ours() => {
+                    set_status(shared, "failed", Some(format!("{e:#}")));
+                    pause(stop, retry);
+                    continue;
+                }
                 Err(e) => {
-                    // No longer as we left it (or DAMON refused it): not ours to touch again.
+                    // No longer as we left it: not ours to touch again.
                     kd = None;
                     set_status(
                         shared,
