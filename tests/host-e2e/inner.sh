@@ -62,6 +62,20 @@ start_vm() {
 		-daemonize -pidfile $W/$name.pid
 }
 
+# start_bare_vm NAME MIB CPU NODE [QEMU ARGS...]: a QEMU with no vtism channel (no tracker can
+# publish), RAM preallocated and bound to NODE, monitors as start_vm's.
+start_bare_vm() {
+	local name=$1 mib=$2 cpu=$3 node=$4
+	shift 4
+	taskset -c "$cpu" qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m ${mib}M -smp 1 \
+		-display none -nodefaults -name "$name" \
+		-object memory-backend-ram,id=ram0,size=${mib}M,prealloc=on,host-nodes=$node,policy=bind \
+		-numa node,nodeid=0,memdev=ram0 \
+		-qmp unix:$W/qmp/$name.qmp,server=on,wait=off \
+		-qmp unix:$W/$name.harness,server=on,wait=off \
+		-daemonize -pidfile $W/$name.pid "$@"
+}
+
 daemon_sections() { # what every daemon configuration here starts with
 	cat <<EOF
 [daemon]
@@ -81,6 +95,8 @@ min_interval_ms = 200
 [mover]
 promote_mbps = 0
 demote_mbps = 0
+[host_tracking]
+busy_retry_ms = 1000
 EOF
 }
 
@@ -106,6 +122,13 @@ demote_mbps = 6
 [[vm]]
 name = "vm-d"
 fast_quota_mib = 16
+[[vm]]
+name = "vm-h"
+fast_quota_mib = 16
+[[vm]]
+name = "vm-n"
+fast_quota_mib = 16
+host_tracking = "off"
 EOF
 	} >$W/vtismd.toml
 }
@@ -154,6 +177,59 @@ $H publish /dev/shm/vtism-vm-d.chan 0x800+2048 200 >"$OUT/publish-d.log" 2>&1 &
 PUB_D=$!
 check "late VM on socket 1: vm-d picked up, hot frames on node 1 (its home), rest on node 2" \
 	$H wait $W/vm-d.harness /dev/shm/vtism-vm-d.chan 0x800+2048 1 2 16 120 max-round=60
+
+# ---- VMs without a tracker ----
+# vm-h: no channel; its vCPU runs tests/host-e2e/hotloop.S, updating every page of guest-physical
+# 16-24 MiB (an 8 MiB hot set), RAM on node 2. Only DAMON on the host can see it
+# (host_tracking = "auto"). vm-n: no channel, host tracking off, all 64 MiB on node 0 against a
+# 16 MiB quota: no signal at all, so the no-signal rule must leave it where it is.
+# First a kdamond that is not vtismd's exists: vtismd must wait, touching nothing.
+T2=$SECONDS
+DAMON=/sys/kernel/mm/damon/admin/kdamonds
+"$REPO/tests/host-e2e/mkpayload.sh" $W/hotloop.elf 0x1000000 0x1800000 || fail "host tracking: payload build failed"
+echo 1 >$DAMON/nr_kdamonds && echo 1 >$DAMON/0/contexts/nr_contexts && echo vaddr >$DAMON/0/contexts/0/operations
+start_bare_vm vm-n 64 0 0 -S
+start_bare_vm vm-h 64 0 2 -kernel $W/hotloop.elf
+kd_field() { status_json | python3 -c "import json,sys; print(json.load(sys.stdin)['daemon']['host_kdamond']['$1'])" 2>/dev/null; }
+kd_state_is() { [ "$(kd_field state)" = "$1" ]; }
+check "host tracking: vtismd waits while another kdamond exists" wait_for 60 kd_state_is waiting
+echo "   reason: $(kd_field reason)"
+[ "$(cat $DAMON/nr_kdamonds)" = 1 ] && [ "$(cat $DAMON/0/contexts/0/operations)" = vaddr ] && [ "$(cat $DAMON/0/state)" = off ] &&
+	pass "host tracking: the other kdamond untouched (nr_kdamonds 1, its vaddr context, off)" ||
+	fail "host tracking: the other kdamond changed: nr_kdamonds $(cat $DAMON/nr_kdamonds), ops $(cat $DAMON/0/contexts/0/operations 2>&1), state $(cat $DAMON/0/state 2>&1)"
+echo 0 >$DAMON/nr_kdamonds
+echo "   vm-n: $($H placement $W/vm-n.harness)"
+# 8 MiB to find and move once the kdamond runs (within busy_retry_ms, 1 s here); the bound is stated in
+# docs/host.md, "Host-side tracking". Its RAM is on host THPs, and move_pages of one 4 KiB frame
+# moves the whole 2 MiB folio: until the engine places host folios as units (issue 13, part 2),
+# the kernel-side placement can exceed the 16 MiB quota by the rest of each folio (docs/host.md,
+# "Limits"), so the quota is not asserted here; the harness prints the most it saw.
+check "host tracking: vm-h's 8 MiB hot set reaches node 0 (90% of it), by DAMON on the host" \
+	$H hot $W/vm-h.harness 0x1000+2048 0 90 0 150
+echo "   host kdamond: $(kd_field state), pid $(kd_field kdamond_pid), $(kd_field reports) reports"
+obs=$(vm_expr vm-h "v['host_tracking']['observations'] if v['host_tracking'] else 0")
+prom=$(vm_field vm-h promoted_bytes)
+[ "${obs:-0}" -gt 0 ] && [ "$(vm_field vm-h host_tracking_mode)" = auto ] && [ "${prom:-0}" -gt 0 ] &&
+	pass "host tracking: ctl status shows vm-h host-tracked ($obs reports, $(vm_expr vm-h "v['host_tracking']['frames']") frames) and vtismd's promotions ($((prom >> 10)) KiB)" ||
+	fail "host tracking: vm-h's status: $(vm_field vm-h host_tracking), promoted $prom"
+n=$(metric 'vtism_vm_host_tracked\{vm="vm-h"\}')
+o=$(metric 'vtism_vm_host_observations_total\{vm="vm-h"\}')
+[ "$n" = 1 ] && [ "${o:-0}" -gt 0 ] && pass "host tracking: metrics say vm-h is host-tracked ($o reports)" ||
+	fail "host tracking: vtism_vm_host_tracked $n, observations $o"
+check "no signal: vm-n's pages stay where they were for 10 s (33 daemon rounds)" $H still $W/vm-n.harness 10
+moved=$(vm_expr vm-n "v['promoted_bytes'] + v['demoted_bytes']")
+ns=$(vm_field vm-n no_signal)
+fast_n=$(vm_expr vm-n "v['fast_bytes'] >> 20")
+[ "$moved" = 0 ] && [ "$ns" = True ] && [ "${fast_n:-0}" -gt 16 ] &&
+	pass "no signal: vm-n moved 0 bytes, ${fast_n} MiB on fast memory kept over its 16 MiB quota ($($H placement $W/vm-n.harness))" ||
+	fail "no signal: vm-n moved $moved bytes, no_signal $ns, fast ${fast_n} MiB"
+[ "$(metric 'vtism_vm_host_tracked\{vm="vm-n"\}')" = 0 ] && pass "no signal: vm-n not host-tracked (host_tracking = off)" || fail "no signal: vm-n host-tracked"
+kill "$(cat $W/vm-h.pid)" "$(cat $W/vm-n.pid)"
+vms_named() { [ "$(status_json | python3 -c "import json,sys; print(len([v for v in json.load(sys.stdin)['vms'] if v['name'] in ('vm-h','vm-n')]))")" = 0 ]; }
+check "host tracking: vm-h and vm-n dropped when their QEMUs exit" wait_for 20 vms_named
+kd_gone() { [ "$(cat $DAMON/nr_kdamonds)" = 0 ] && kd_state_is idle; }
+check "host tracking: vtismd removed its kdamond when no VM needed it (nr_kdamonds 0)" wait_for 20 kd_gone
+echo "== host tracking and no-signal checks took $((SECONDS - T2))s"
 
 # The hot set moves: 24 MiB new, quota 32 MiB (30 MiB after the reserve); old frames must make
 # room and the quota must hold at every sample while pages move.

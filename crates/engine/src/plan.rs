@@ -106,6 +106,9 @@ pub struct VmPlanStats {
     /// Frames by which full fast nodes made the hot set smaller than the quota allows (hot slow
     /// frames are then exchanged with colder fast ones).
     pub capped_by_nodes: u64,
+    /// The VM has had no observation since it was added (no hints, no host-side accesses): the
+    /// planner moves none of its frames, whatever its quota (`VtismPolicy::plan`).
+    pub no_signal: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

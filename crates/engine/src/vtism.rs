@@ -239,8 +239,8 @@ impl VtismPolicy {
         self.vms.iter().map(|v| v.spec.id)
     }
 
-    pub fn summary(&self, vm: VmId) -> Result<VmSummary, EngineError> {
-        let v = &self.vms[self.vm_pos(vm)?];
+    /// A VM's frames with a known placement in fast and in slow memory.
+    fn tier_frames(&self, v: &VmState) -> (u64, u64) {
         let (mut fast, mut slow) = (0, 0);
         for (n, &c) in v.node_frames.iter().enumerate() {
             if self.is_fast[n] {
@@ -249,6 +249,12 @@ impl VtismPolicy {
                 slow += c
             }
         }
+        (fast, slow)
+    }
+
+    pub fn summary(&self, vm: VmId) -> Result<VmSummary, EngineError> {
+        let v = &self.vms[self.vm_pos(vm)?];
+        let (fast, slow) = self.tier_frames(v);
         Ok(VmSummary {
             vm,
             frames: v.frames.len() as u64,
@@ -1013,6 +1019,10 @@ impl Policy for VtismPolicy {
             if !self.vms[vi].dirty {
                 continue;
             }
+            if self.vms[vi].last_observed.is_none() {
+                stats.vms.push(self.hold_without_signal(vi));
+                continue;
+            }
             let s = self.plan_vm(vi, &mut free, &mut budget, &mut moves);
             stats.vms.push(s);
         }
@@ -1029,6 +1039,27 @@ impl Policy for VtismPolicy {
 }
 
 impl VtismPolicy {
+    /// The no-signal rule: a VM never observed (no hints, no host-side accesses) has nothing to
+    /// rank its frames by, so any demotion would be blind (address order) and could leave it
+    /// worse off than doing nothing. It keeps its placement, even over its quota, until its
+    /// first observation.
+    fn hold_without_signal(&mut self, vi: usize) -> VmPlanStats {
+        let (fast, slow) = self.tier_frames(&self.vms[vi]);
+        let v = &mut self.vms[vi];
+        let stats = VmPlanStats {
+            vm: Some(v.spec.id),
+            quota_frames: v.spec.fast_quota_bytes / FRAME_SIZE,
+            fast_frames: fast,
+            slow_frames: slow,
+            unknown_frames: v.frames.len() as u64 - fast - slow,
+            no_signal: true,
+            ..Default::default()
+        };
+        v.dirty = false;
+        v.last_stats = stats.clone();
+        stats
+    }
+
     /// Mark every VM for planning (after a topology or parameter change, or a reconcile).
     pub fn mark_all_dirty(&mut self) {
         self.vms.iter_mut().for_each(|v| v.dirty = true);

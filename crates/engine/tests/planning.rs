@@ -363,3 +363,69 @@ fn hot_set_estimate_follows_the_workload_and_a_pool_shrink_demotes() {
     assert!(w.fast_frames() <= mine.to_bytes / FRAME_SIZE);
     assert!(hot_in_fast(&w, &g) >= 0.99);
 }
+
+/// The no-signal rule: a VM that has never been observed keeps its placement, even far over its
+/// quota; once host-side accesses arrive it is planned like any other, and its accessed frames
+/// are the ones kept in fast memory.
+#[test]
+fn a_vm_without_signal_is_never_demoted_and_host_accesses_lift_the_hold() {
+    let frames = 16_384; // 64 MiB
+    let mut engine = VtismPolicy::new(topo(1 << 40, 1 << 40), EngineParams::default()).unwrap();
+    let vm = VmId(7);
+    engine
+        .add_vm(VmSpec {
+            id: vm,
+            ram: vtism_proto::RamMap::contiguous(frames),
+            fast_quota_bytes: 4_096 * FRAME_SIZE,
+            home_node: Some(FAST),
+        })
+        .unwrap();
+    // All 64 MiB on fast memory against a 16 MiB quota.
+    engine
+        .set_placement(vm, Gfn(0), frames, Some(FAST))
+        .unwrap();
+    let ctx = PlanContext::default();
+    for round in 0..20u64 {
+        let plan = engine.plan(&ctx, Nanos(round * 1_000_000_000));
+        assert!(plan.moves.is_empty(), "round {round}: {:?}", plan.moves);
+        if let Some(s) = plan.stats.vms.first() {
+            assert!(s.no_signal);
+            assert_eq!(s.fast_frames, frames);
+        }
+        engine.mark_all_dirty();
+    }
+    assert!(engine.summary(vm).unwrap().last_plan.no_signal);
+    // Host-side accesses on frames 8192..10240 (8 MiB): the VM is planned, the quota is
+    // restored by demoting unaccessed frames, the accessed ones stay fast.
+    let hot: Vec<FrameAccess> = (8_192..10_240)
+        .map(|g| FrameAccess {
+            gfn: Gfn(g),
+            reads: 5,
+            writes: 0,
+            page_type: PageType::Anon,
+        })
+        .collect();
+    let mut fast_at = vec![true; frames as usize];
+    for round in 20..40u64 {
+        let now = Nanos(round * 1_000_000_000);
+        engine
+            .observe(vm, Observation::Accesses(&hot), now)
+            .unwrap();
+        for m in engine.plan(&ctx, now).moves {
+            for g in m.gfn.0..m.gfn.0 + m.frames {
+                fast_at[g as usize] = m.to == FAST;
+            }
+        }
+    }
+    let s = engine.summary(vm).unwrap();
+    assert!(!s.last_plan.no_signal);
+    assert!(
+        s.fast_frames <= 4_096,
+        "over quota: {} fast frames",
+        s.fast_frames
+    );
+    assert!(
+        (8_192..10_240).all(|g| fast_at[g]),
+        "an accessed frame was demoted"
+    );
+}

@@ -1,11 +1,7 @@
 //! System RAM ranges from `/proc/iomem` (root sees real addresses; others see zeros).
 
-/// A guest-physical byte range `[start, end)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PhysRange {
-    pub start: u64,
-    pub end: u64,
-}
+/// A guest-physical byte range `[start, end)` (what the agent's `paddr` kdamond monitors).
+pub use vtism_damon_sysfs::AddrRange as PhysRange;
 
 /// Top-level `System RAM` lines of `/proc/iomem`, as half-open ranges, in file order. Ranges
 /// shorter than `min_bytes` (the legacy low 640 KiB, for example) are dropped; so are lines

@@ -15,6 +15,12 @@
 //!   e2e-harness fast     <qmp-socket> <fast-nodes> <min-mib> <max-mib> <timeout-s> [forbid=<node>]
 //!                        waits until the VM has at least min-mib on the fast nodes; fails at once
 //!                        if a sample shows more than max-mib there, or any page on `forbid`
+//!   e2e-harness hot      <qmp-socket> <gfn-spec> <fast-nodes> <min-percent> <max-mib> <timeout-s>
+//!                        waits until at least min-percent of the spec's frames are on the fast
+//!                        nodes; fails at once if a sample shows more than max-mib there (0: no
+//!                        bound; the most seen is printed)
+//!   e2e-harness still    <qmp-socket> <seconds>
+//!                        fails if the VM's pages per node change over <seconds>
 //!   e2e-harness quotas   <ctl-socket> <seconds> <total-mib> <vm>=<lo-mib>:<hi-mib>... [until=<file>]
 //!                        samples `vtism ctl status`: every listed VM's quota within [lo, hi] and
 //!                        the quotas' sum within total at every sample, for <seconds> or until
@@ -414,6 +420,90 @@ fn fast(
     }
 }
 
+/// Waits until `min_percent` of the frames in `spec` are on `fast` nodes, the VM never holding
+/// more than `max_mib` there at any sample.
+fn hot(
+    sock: &str,
+    spec: &str,
+    fast: &str,
+    min_percent: u64,
+    max_mib: u64,
+    timeout_s: u64,
+) -> R<()> {
+    let fast: Vec<i32> = fast
+        .split(',')
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
+    let sp = spans(spec)?;
+    let want: u64 = sp.iter().map(|&(_, n)| n).sum();
+    let mut q = connect(sock)?;
+    let t0 = Instant::now();
+    let mut samples = 0u64;
+    let mut max_seen = 0u64;
+    loop {
+        let (_pid, pl) = placement(&mut q)?;
+        samples += 1;
+        let on_fast = |s: i32| fast.contains(&s);
+        let all_fast = pl.iter().filter(|(_, s)| on_fast(*s)).count() as u64;
+        let hot_fast = pl
+            .iter()
+            .filter(|(g, s)| in_spans(&sp, *g) && on_fast(*s))
+            .count() as u64;
+        max_seen = max_seen.max(all_fast);
+        if max_mib > 0 && all_fast * 4096 > max_mib << 20 {
+            return Err(format!(
+                "{} KiB on fast nodes > {max_mib} MiB: {:?}",
+                all_fast * 4,
+                by_node(&pl)
+            )
+            .into());
+        }
+        if hot_fast * 100 >= want * min_percent {
+            println!(
+                "{hot_fast} of {want} hot frames ({}%) on nodes {fast:?} after {:.1}s, {samples} samples, {} KiB fast in all (at most {} KiB); pages by node {:?}",
+                hot_fast * 100 / want,
+                t0.elapsed().as_secs_f64(),
+                all_fast * 4,
+                max_seen * 4,
+                by_node(&pl)
+            );
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(timeout_s) {
+            return Err(format!(
+                "after {timeout_s}s {hot_fast} of {want} hot frames on nodes {fast:?} (want {min_percent}%): {:?}",
+                by_node(&pl)
+            )
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Fails if the VM's pages per node change within `seconds`.
+fn still(sock: &str, seconds: u64) -> R<()> {
+    let mut q = connect(sock)?;
+    let (_pid, pl) = placement(&mut q)?;
+    let first = by_node(&pl);
+    let t0 = Instant::now();
+    let mut samples = 1u64;
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        std::thread::sleep(Duration::from_millis(500));
+        let (_pid, pl) = placement(&mut q)?;
+        samples += 1;
+        let now = by_node(&pl);
+        if now != first {
+            return Err(format!(
+                "placement changed after {:.1}s: {first:?} -> {now:?}",
+                t0.elapsed().as_secs_f64()
+            )
+            .into());
+        }
+    }
+    println!("pages by node {first:?} unchanged over {seconds}s ({samples} samples)");
+    Ok(())
+}
+
 /// Samples the daemon's status: each listed VM's quota within its bounds, the sum within
 /// `total_mib`, at every sample (a VM not managed yet is skipped until it appears).
 fn quotas(ctl: &str, seconds: u64, total_mib: u64, bounds: &[&str]) -> R<()> {
@@ -658,6 +748,10 @@ fn main() {
             };
             fast(sock, nodes, num(lo)?, num(hi)?, num(t)?, forbid)
         })(),
+        ["hot", sock, spec, nodes, pct, max, t] => {
+            (|| hot(sock, spec, nodes, num(pct)?, num(max)?, num(t)?))()
+        }
+        ["still", sock, secs] => (|| still(sock, num(secs)?))(),
         ["quotas", ctl, secs, total, bounds @ ..] => {
             (|| quotas(ctl, num(secs)?, num(total)?, bounds))()
         }

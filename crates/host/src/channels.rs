@@ -190,6 +190,11 @@ impl Channels {
         }
     }
 
+    /// Whether the VM has a channel a guest tracker could publish in.
+    pub fn is_mapped(&self, vm: VmId) -> bool {
+        self.by_vm.get(&vm).is_some_and(|c| c.mapped.is_some())
+    }
+
     pub fn status(&self, vm: VmId) -> ChannelStatus {
         let Some(c) = self.by_vm.get(&vm) else {
             return ChannelStatus::default();

@@ -168,6 +168,30 @@ pub fn status_table(v: &serde_json::Value) -> String {
         if let Some(p) = vm["channel_problem"].as_str() {
             out.push_str(&format!("  channel: {p}\n"));
         }
+        let h = &vm["host_tracking"];
+        if let Some(p) = h["problem"].as_str() {
+            out.push_str(&format!("  host tracking: not tracked: {p}\n"));
+        } else if !h.is_null() {
+            out.push_str(&format!(
+                "  host tracking: {} DAMON reports, {} frames observed\n",
+                h["observations"], h["frames"]
+            ));
+        }
+        if vm["no_signal"].as_bool() == Some(true) {
+            out.push_str("  no signal yet (no hints, no host tracking): its pages are not moved\n");
+        }
+    }
+    let k = &d["host_kdamond"];
+    if let Some(state) = k["state"].as_str().filter(|s| *s != "idle") {
+        out.push_str(&format!(
+            "host kdamond: {state}{}{}\n",
+            k["kdamond_pid"]
+                .as_u64()
+                .map_or(String::new(), |p| format!(" (pid {p})")),
+            k["reason"]
+                .as_str()
+                .map_or(String::new(), |r| format!(": {r}"))
+        ));
     }
     let vms: Vec<&serde_json::Value> = v["vms"].as_array().into_iter().flatten().collect();
     if vms.iter().any(|vm| !vm["quota_min_bytes"].is_null()) {

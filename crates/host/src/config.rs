@@ -20,6 +20,70 @@ pub struct Config {
     pub vms: Vec<VmConfig>,
     pub engine: EngineParams,
     pub pool: PoolConfig,
+    pub host_tracking: HostTrackingConfig,
+}
+
+/// Which VMs DAMON on the host watches (`[host_tracking] mode`, `[[vm]] host_tracking`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostTrackingMode {
+    /// Never.
+    Off,
+    /// VMs without a mapped vtism channel (no guest tracker can publish).
+    #[default]
+    Auto,
+    /// Always, also beside a guest tracker (a second signal).
+    On,
+}
+
+impl HostTrackingMode {
+    pub fn label(self) -> &'static str {
+        match self {
+            HostTrackingMode::Off => "off",
+            HostTrackingMode::Auto => "auto",
+            HostTrackingMode::On => "on",
+        }
+    }
+}
+
+/// `[host_tracking]`: DAMON on the host over each tracked QEMU's guest RAM (one kdamond of
+/// vtismd's own, `fvaddr` operations, one target per QEMU process). The monitoring attributes'
+/// defaults are DAMON's own (Documentation/admin-guide/mm/damon/usage.rst: sampling 5 ms,
+/// aggregation 100 ms, operations update 1 s, 10 - 1000 regions).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostTrackingConfig {
+    pub mode: HostTrackingMode,
+    pub sample_us: u64,
+    pub aggr_us: u64,
+    pub update_us: u64,
+    pub min_nr_regions: u64,
+    pub max_nr_regions: u64,
+    /// How often the kdamond's accessed regions are read and fed to the engine.
+    pub report_interval_ms: u64,
+    /// Most guest frames one report gives the engine per VM (hottest regions first).
+    pub max_frames_per_report: u64,
+    /// How often to look again while DAMON is used by someone else.
+    pub busy_retry_ms: u64,
+    /// DAMON's sysfs admin directory (tests point it at a fake tree).
+    pub damon_root: PathBuf,
+}
+
+impl Default for HostTrackingConfig {
+    fn default() -> Self {
+        HostTrackingConfig {
+            mode: HostTrackingMode::Auto,
+            sample_us: 5_000,
+            aggr_us: 100_000,
+            update_us: 1_000_000,
+            min_nr_regions: 10,
+            max_nr_regions: 1_000,
+            report_interval_ms: 1_000,
+            max_frames_per_report: 262_144,
+            busy_retry_ms: 5_000,
+            damon_root: PathBuf::from("/sys/kernel/mm/damon/admin"),
+        }
+    }
 }
 
 /// How fast memory is divided among the VMs.
@@ -378,6 +442,8 @@ pub struct VmConfig {
     /// Per-VM rate limits in MB/s, overriding mover.vm_*_mbps.
     pub promote_mbps: Option<u64>,
     pub demote_mbps: Option<u64>,
+    /// DAMON on the host for this VM, overriding host_tracking.mode.
+    pub host_tracking: Option<HostTrackingMode>,
     /// Leave this VM alone.
     pub ignore: bool,
 }
@@ -580,6 +646,7 @@ impl Config {
         )?;
         self.validate_pool()?;
         self.validate_admission()?;
+        self.validate_host_tracking()?;
         let mut names = std::collections::BTreeSet::new();
         let mut sockets = std::collections::BTreeMap::new();
         let mut channels = std::collections::BTreeMap::new();
@@ -695,6 +762,57 @@ impl Config {
                 "admission.qmp_exchange_timeout_ms",
                 "must be between discovery.qmp_timeout_ms and 600000",
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_host_tracking(&self) -> Result<(), ConfigError> {
+        let h = &self.host_tracking;
+        // DAMON's own checks (6.12 mm/damon/core.c, damon_set_attrs): sample <= aggr, and
+        // 3 <= min_nr_regions <= max_nr_regions.
+        for (f, v, lo, hi) in [
+            ("host_tracking.sample_us", h.sample_us, 100, 10_000_000),
+            ("host_tracking.aggr_us", h.aggr_us, 100, 100_000_000),
+            ("host_tracking.update_us", h.update_us, 100, 1_000_000_000),
+            ("host_tracking.min_nr_regions", h.min_nr_regions, 3, 100_000),
+            ("host_tracking.max_nr_regions", h.max_nr_regions, 3, 100_000),
+            (
+                "host_tracking.report_interval_ms",
+                h.report_interval_ms,
+                10,
+                bound::INTERVAL_MS,
+            ),
+            (
+                "host_tracking.max_frames_per_report",
+                h.max_frames_per_report,
+                1,
+                1 << 28,
+            ),
+            (
+                "host_tracking.busy_retry_ms",
+                h.busy_retry_ms,
+                100,
+                bound::INTERVAL_MS,
+            ),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err(invalid(f, format!("must be between {lo} and {hi}")));
+            }
+        }
+        if h.aggr_us < h.sample_us {
+            return Err(invalid(
+                "host_tracking.aggr_us",
+                "must be at least host_tracking.sample_us (DAMON refuses it otherwise)",
+            ));
+        }
+        if h.max_nr_regions < h.min_nr_regions {
+            return Err(invalid(
+                "host_tracking.max_nr_regions",
+                "must be at least host_tracking.min_nr_regions",
+            ));
+        }
+        if h.damon_root.as_os_str().is_empty() {
+            return Err(invalid("host_tracking.damon_root", "must not be empty"));
         }
         Ok(())
     }
@@ -870,6 +988,8 @@ pub struct VmSettings {
     /// The VM's own move rate limits, MB/s (0 = none).
     pub promote_mbps: u64,
     pub demote_mbps: u64,
+    /// Whether DAMON on the host watches the VM (`auto`: when it has no channel).
+    pub host_tracking: HostTrackingMode,
 }
 
 impl Config {
@@ -890,6 +1010,9 @@ impl Config {
             demote_mbps: entry
                 .and_then(|e| e.demote_mbps)
                 .unwrap_or(self.mover.vm_demote_mbps),
+            host_tracking: entry
+                .and_then(|e| e.host_tracking)
+                .unwrap_or(self.host_tracking.mode),
         }
     }
 
@@ -1026,6 +1149,52 @@ fn check_percent(field: &str, p: f64) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_tracking_section_and_its_errors() {
+        let c = Config::parse(
+            "[host_tracking]\nmode = \"on\"\naggr_us = 200000\n[[vm]]\nname = \"a\"\nhost_tracking = \"off\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.host_tracking.mode, HostTrackingMode::On);
+        assert_eq!(c.host_tracking.aggr_us, 200_000);
+        let p = Path::new("/x");
+        assert_eq!(
+            c.vm_settings("a", p, 1 << 30).host_tracking,
+            HostTrackingMode::Off
+        );
+        assert_eq!(
+            c.vm_settings("b", p, 1 << 30).host_tracking,
+            HostTrackingMode::On
+        );
+        assert_eq!(
+            Config::parse("").unwrap().host_tracking.mode,
+            HostTrackingMode::Auto
+        );
+        for (text, field) in [
+            ("[host_tracking]\nmode = \"sometimes\"", "mode"),
+            ("[host_tracking]\nsample_us = 0", "host_tracking.sample_us"),
+            (
+                "[host_tracking]\nsample_us = 200000\naggr_us = 100000",
+                "host_tracking.aggr_us",
+            ),
+            (
+                "[host_tracking]\nmin_nr_regions = 500\nmax_nr_regions = 100",
+                "host_tracking.max_nr_regions",
+            ),
+            (
+                "[host_tracking]\nmax_frames_per_report = 0",
+                "host_tracking.max_frames_per_report",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nhost_tracking = \"yes\"",
+                "host_tracking",
+            ),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(field), "{text}: {e}");
+        }
+    }
 
     #[test]
     fn empty_file_is_all_defaults() {

@@ -7,8 +7,9 @@
 
 use crate::batch::{CallSettings, VmTarget};
 use crate::channels::Channels;
-use crate::config::{Config, NotManaged, PoolModeConfig};
+use crate::config::{Config, HostTrackingMode, NotManaged, PoolModeConfig};
 use crate::discovery::{Discovery, Found};
+use crate::host_tracking::{HostTracking, TrackedVm};
 use crate::metrics::{
     reason_label, DaemonStatus, MoverHistograms, NodeStatus, PerDirection, PoolStatus, Published,
     QuotaChangeStatus, Status, TrackerStatus, VmStatus,
@@ -55,6 +56,8 @@ pub struct Daemon {
     discovery: Discovery,
     registry: Registry,
     channels: Channels,
+    /// DAMON on the host, for VMs without a tracker.
+    host_tracking: HostTracking,
     reconcile: Reconcile,
     mover: Mover,
     moved: MoveTotals,
@@ -140,6 +143,7 @@ impl Daemon {
         let mover = start_mover(&cfg, &topo);
         let histograms = MoverHistograms::default();
         let (ctl_tx, ctl_rx) = mpsc::channel();
+        let host_tracking = HostTracking::new(&cfg.host_tracking);
         let mut d = Daemon {
             tiering: Tiering::new(engine, pool),
             cfg,
@@ -148,6 +152,7 @@ impl Daemon {
             discovery: Discovery::default(),
             registry: Registry::default(),
             channels: Channels::default(),
+            host_tracking,
             reconcile: Reconcile::default(),
             mover,
             moved: MoveTotals::default(),
@@ -244,6 +249,7 @@ impl Daemon {
     pub fn shutdown(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         self.mover.shutdown();
+        self.host_tracking.shutdown();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -267,6 +273,7 @@ impl Daemon {
         }
         self.watch_vms();
         self.read_channels();
+        self.track_on_host();
         if !self.mover.busy() {
             self.reconcile_placement();
             self.plan_and_submit();
@@ -402,6 +409,7 @@ impl Daemon {
         info!(vm = %v.name, id = %id, reason = why, "no longer managing VM");
         self.tiering.remove_vm(id);
         self.channels.remove(id);
+        self.host_tracking.remove(id);
         self.reconcile.remove(id);
         self.moved.remove_vm(id);
         self.quota_changes.remove(&id);
@@ -527,6 +535,33 @@ impl Daemon {
             *self.totals.channel_faults.entry(f.label()).or_default() += 1;
             self.drop_vm(id, &f.to_string());
             self.discovery.refused(socket);
+        }
+    }
+
+    /// DAMON on the host: the VMs it should watch (by their `host_tracking` mode: `auto` means
+    /// without a channel), and what it saw since the last round as host-side observations.
+    fn track_on_host(&mut self) {
+        let wanted: Vec<TrackedVm> = self
+            .registry
+            .iter()
+            .filter(|v| match v.settings.host_tracking {
+                HostTrackingMode::Off => false,
+                HostTrackingMode::On => true,
+                HostTrackingMode::Auto => !self.channels.is_mapped(v.id),
+            })
+            .filter_map(|v| Some(TrackedVm::new(v.id, u32::try_from(v.pid).ok()?, &v.memory)))
+            .collect();
+        self.host_tracking
+            .set_targets(wanted, &self.cfg.host_tracking);
+        let now = self.now();
+        for v in self.registry.iter() {
+            let Some(acc) = self.host_tracking.take_accesses(v.id, &v.memory) else {
+                continue;
+            };
+            // An empty report is a signal too: DAMON watched and saw no access.
+            if let Err(e) = self.tiering.observe(v.id, Observation::Accesses(acc), now) {
+                warn!(vm = %v.name, error = %e, "host-side observation");
+            }
         }
     }
 
@@ -785,6 +820,9 @@ impl Daemon {
                 v.settings.promote_mbps,
                 v.settings.demote_mbps,
             ),
+            host_tracking_mode: v.settings.host_tracking.label(),
+            host_tracking: self.host_tracking.vm_status(v.id),
+            no_signal: s.last_observed.is_none(),
         })
     }
 
@@ -856,6 +894,7 @@ impl Daemon {
                 self.cfg.mover.promote_mbps,
                 self.cfg.mover.demote_mbps,
             ),
+            host_kdamond: self.host_tracking.status(),
         }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Each part owns its state: `discovery` (finding QMP sockets), `registry` (the managed VMs as
 //! QEMU shows them), `channels` (where hints enter), `reconcile` (where pages really are),
-//! `mover` and `batch` (where pages move), `rate` (move rate limits), `config` (each VM's
+//! `host_tracking` (DAMON on the host, for VMs without a tracker), `mover` and `batch` (where
+//! pages move), `rate` (move rate limits), `config` (each VM's
 //! settings resolved once), `metrics` (status and Prometheus from typed structs), `serve` (the
 //! metrics endpoint and control socket), and `daemon`, the loop that wires them. System calls
 //! live in `sys`; QEMU's monitor in `qmp`, `vm` and `mtree`, its process in `process`; sysfs in
@@ -17,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
+pub mod host_tracking;
 pub mod metrics;
 pub mod mover;
 pub mod mtree;

@@ -3,6 +3,7 @@
 //! prometheus-client crate, beside the mover's two histograms. The main loop publishes a
 //! [`Status`] every round; the servers render it when asked.
 
+use crate::host_tracking::{KdamondStatus, VmHostTracking};
 use crate::mover::JobReport;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -80,6 +81,8 @@ pub struct DaemonStatus {
     pub engine_memory_bytes: u64,
     /// The global move rate limits (0 = none).
     pub move_limit_bytes_per_second: PerDirection,
+    /// The host kdamond of host-side tracking.
+    pub host_kdamond: KdamondStatus,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -160,6 +163,13 @@ pub struct VmStatus {
     pub attached_s: f64,
     /// The VM's own move rate limits (0 = none).
     pub move_limit_bytes_per_second: PerDirection,
+    /// `host_tracking` mode (`off`, `auto`, `on`) and, if DAMON on the host watches the VM (or
+    /// should and cannot), what it fed the engine.
+    pub host_tracking_mode: &'static str,
+    pub host_tracking: Option<VmHostTracking>,
+    /// No observation yet (no hints, no host-side accesses): the engine moves none of its
+    /// pages (the no-signal rule, docs/engine.md).
+    pub no_signal: bool,
 }
 
 /// A v1.1 tracker's report: its observation windows and CPU time.
@@ -614,6 +624,42 @@ impl VmStatus {
             vm(),
             self.reconcile_sweeps,
         );
+        self.host_families(f);
+    }
+
+    fn host_families<'a>(&'a self, f: &mut Families<'a>) {
+        let vm = || vec![("vm", Cow::from(self.name.as_str()))];
+        let h = self.host_tracking.as_ref();
+        f.gauge(
+            "vtism_vm_host_tracked",
+            "1 if DAMON on the host watches the VM (host_tracking).",
+            vm(),
+            u64::from(h.is_some_and(|h| h.problem.is_none())),
+        );
+        f.counter(
+            "vtism_vm_host_observations",
+            "Host-side DAMON reports fed to the engine.",
+            vm(),
+            h.map_or(0, |h| h.observations),
+        );
+        f.counter(
+            "vtism_vm_host_observed_frames",
+            "Guest frames in those reports.",
+            vm(),
+            h.map_or(0, |h| h.frames),
+        );
+        f.counter(
+            "vtism_vm_host_frames_over_budget",
+            "Guest frames left out of host-side reports by host_tracking.max_frames_per_report.",
+            vm(),
+            h.map_or(0, |h| h.frames_over_budget),
+        );
+        f.gauge(
+            "vtism_vm_no_signal",
+            "1 while the VM has had no observation (its pages are not moved).",
+            vm(),
+            u64::from(self.no_signal),
+        );
     }
 }
 
@@ -660,6 +706,20 @@ impl NodeStatus {
 
 impl DaemonStatus {
     fn families<'a>(&'a self, f: &mut Families<'a>) {
+        for state in ["idle", "waiting", "running", "failed"] {
+            f.gauge(
+                "vtism_host_kdamond_state",
+                "1 for the host kdamond's state (idle: no VM to watch; waiting: DAMON used by others).",
+                vec![("state", Cow::from(state))],
+                u64::from(self.host_kdamond.state == state),
+            );
+        }
+        f.counter(
+            "vtism_host_kdamond_reports",
+            "Reports read from the host kdamond.",
+            vec![],
+            self.host_kdamond.reports,
+        );
         f.counter(
             "vtism_process_cpu_seconds",
             "Daemon CPU time (user + system).",
