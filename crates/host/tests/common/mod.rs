@@ -128,9 +128,11 @@ pub fn this_executable() -> String {
         .into_owned()
 }
 
-/// The `[daemon]`, `[discovery]` and `[admission]` sections of a test daemon: fast rounds, the
-/// control socket and QMP scan directory under `dir`, no metrics listener, the emulated host's
-/// captured sysfs, this test binary admitted as QEMU.
+/// The `[daemon]`, `[discovery]`, `[admission]` and `[host_tracking]` sections of a test daemon:
+/// fast rounds, the control socket and QMP scan directory under `dir`, no metrics listener, the
+/// emulated host's captured sysfs, this test binary admitted as QEMU, and host tracking pointed
+/// at a DAMON directory that does not exist, so no test creates a kdamond on the machine running
+/// it (host tracking runs for real in the host e2e).
 pub fn daemon_sections(dir: &Path, refresh_interval_ms: u64) -> String {
     let sysfs =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/emuhost-3node/sys");
@@ -149,11 +151,14 @@ retry_backoff_ms = 100
 qmp_timeout_ms = 2000
 [admission]
 qemu_executables = ["{exe}"]
+[host_tracking]
+damon_root = "{no_damon}"
 "#,
         exe = this_executable(),
         ctl = dir.join("ctl.sock").display(),
         sysfs = sysfs.display(),
         qmp = dir.join("qmp").display(),
+        no_damon = dir.join("no-damon").display(),
     )
 }
 
