@@ -222,9 +222,9 @@ class Monitor(chanmon.Monitor):
             self.check("precision-recall", pmin >= 0.9 and rmin >= 0.9 and tmin >= 0.9,
                        "%d rounds; at level >= 96 (1 Hz): precision min %.3f, recall min %.3f "
                        "(last round %.3f/%.3f, %d warm or idle frames at 1 Hz or more); hot set "
-                       "in the top %d of the workload's frames: min %.3f" % (
+                       "in the top %d of the workload's frames: min %.3f; precision per round %s" % (
                            len(res), pmin, rmin, res[-1][0], res[-1][1], res[-1][3],
-                           len(t.hot()), tmin))
+                           len(t.hot()), tmin, ["%.3f" % x[0] for x in res]))
         else:
             self.check("precision-recall", False, "no rounds in the steady window")
 
@@ -243,12 +243,16 @@ class Monitor(chanmon.Monitor):
         else:
             self.check("rates-ordered", False, "no steady rounds")
 
-        # the intervals loop: toward the quota's share of access events, and following it
+        # the intervals loop: toward the quota's share of access events, and following it. The
+        # channel reports the interval the agent samples with: the stats snapshot is written
+        # after round n's step of the loop, so round n + 1 is published with its interval
         st = self.stats
         g1, a1 = self.stat("steady", "goal_ppm"), self.stat("steady", "access_ppm")
         s1, s2 = self.stat("steady", "sample_us"), self.stat("quota-2", "sample_us")
         g2 = self.stat("quota-2", "goal_ppm")
-        win = [s["f"]["window_us"] for s in steady]
+        n1 = self.stat("steady", "rounds")
+        win = [s["f"]["window_us"] for s in self.snaps
+               if n1 is not None and s["f"]["round"] == n1 + 1]
         want1 = self.a.quota1 * MiB * 1e6 / sum(b - a for a, b in self.ram) / 4096
         ok = None not in (g1, a1, s1, s2, g2) and win and \
             abs(g1 - want1) <= 0.02 * want1 and win[-1] == s1 and s2 > s1 * 1.3 and g2 > g1
@@ -258,7 +262,7 @@ class Monitor(chanmon.Monitor):
                 shares.append(self.stat(ph, "access_ppm") / self.stat(ph, "goal_ppm"))
         self.check("intervals-loop", ok,
                    "quota %d MiB: goal %s ppm (want %.0f), access %s ppm, sampling %s us "
-                   "(window_us %s); quota %d MiB: goal %s ppm, sampling %s us; access/goal at "
+                   "(window_us of the next round %s); quota %d MiB: goal %s ppm, sampling %s us; access/goal at "
                    "the goal-held ends %s" % (
                        self.a.quota1, g1, want1, a1, s1, win[-1] if win else None,
                        self.a.quota2, g2, s2, ["%.2f" % x for x in shares]))
