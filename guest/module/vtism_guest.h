@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0 OR MIT) */
 /*
  * vtism_guest: internal interfaces between the thread and its schedule (vtism_main.c), the
  * page-table passes (vtism_scan.c), the region table (vtism_regions.c), the rate estimates and
@@ -47,9 +47,17 @@ u64 vt_exposure(u64 t_us, u64 w_us, u32 div);
 u64 vt_rate_add(u64 hz, u64 t_us, u64 w_us, bool young, u32 div);
 #define VT_FAST_OCTAVES 2	/* fast: x = rate w >= 2^2 (vt_fast_code) */
 unsigned int vt_fast_code(u64 w_us);
+unsigned int vt_rise_code(u64 w_us, unsigned int m);
+unsigned int vt_fall_code(u64 w_us, unsigned int m);
 s64 vt_idle_codes(u64 t_us, u64 w_us, u32 div);
 unsigned int vt_code_moved(unsigned int code, s64 d, u32 dither);
 unsigned int vt_level_of_code(s64 code);
+unsigned int vt_share_code(unsigned int region_code, unsigned int present);
+s64 vt_published_code(unsigned int code, s64 follow, unsigned int region_code,
+		      unsigned int wc_fast_code, s64 share);
+#define VT_CHANGE_OCTAVES 2	/* the change vt_change_step() detects: a factor of 4 */
+s64 vt_change_lw(u64 w_us);
+int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down, u16 *up);
 
 #ifndef VT_RATE_USERSPACE
 
@@ -106,9 +114,11 @@ extern bool vt_tlb_flush;
 #define VT_R_READ		BIT(7)	/* has had a coarse read: last_read_ms is meaningful */
 #define VT_R_USED		BIT(8)	/* the slot holds a region */
 #define VT_R_UNCLEARED		BIT(9)	/* frames sat out its last burst with their bits set */
+#define VT_R_CHANGED		BIT(10)	/* change detection found its rate changed: burst it first */
 
 struct vt_region {
-	u64 *frames;		/* PTE-table region: VT_REGION_FRAMES words, NULL before its first burst */
+	u64 *frames;		/* PTE-table region: VT_REGION_FRAMES words, NULL until it is first
+				 * seen young or bursts; rates 0 before its first burst */
 	u64 unit;		/* THP region: its frame word (pfn = the 512-aligned head) */
 	u32 last_read_ms;	/* end of its last coarse window */
 	u32 last_burst_ms;	/* end of its last fine burst */
@@ -118,9 +128,11 @@ struct vt_region {
 	u32 fs_us;		/* and of the short fine windows only */
 	u16 crate;		/* region rate code: some page of it used, per second */
 	u16 crate_then;		/* crate when its frames were last measured */
-	u16 present;		/* present 4 KiB frames at its last burst (512 for a THP) */
+	u16 present;		/* present 4 KiB frames at its last burst (512 for a THP), or
+				 * at the PTE read before its first (vt_coarse_frames) */
 	u16 cstamp;		/* coarse period that last saw it mapped */
 	u16 flags;
+	u16 cdown, cup;		/* change detection on crate (vt_change_step) */
 };
 
 #define VT_CHUNK_SHIFT 6	/* 64 regions (128 MiB of address space) per table chunk */
@@ -203,6 +215,12 @@ struct vt_counters {
 	u64 budget_waits;	/* times a window waited for CPU budget */
 	u64 sweeps;		/* full fine sweeps */
 	u64 bursts;
+	u64 frames_read;	/* coarse passes: PTE tables read for a region not yet measured */
+	u64 changes;		/* change detection's alarms (vt_change_step) */
+	u64 rate_rises;		/* frames that started over from a burst: rate risen (vt_rise_code) */
+	u64 rate_falls;		/* ...rate fallen (vt_fall_code) */
+	u64 changed_bursted;	/* regions burst ahead of the sweep: change detection alarmed */
+	u64 neighbours_flagged;	/* ...flagged because a neighbour's frames changed (vt_track.c) */
 };
 
 struct vt_stats {
@@ -211,8 +229,10 @@ struct vt_stats {
 	u64 cpu_us;		/* the thread's CPU time */
 	u64 last_round_cpu_us;	/* in the last round (published as tracker_cpu_us) */
 	u64 last_publish_us;	/* CPU of the last publication */
+	u64 max_publish_us;	/* and of the longest since load */
 	u64 round_ms;		/* the round period in effect */
 	u64 coarse_window_us;	/* W_c */
+	u64 coarse_window_eff_us; /* the last coarse window: clearing pass start to read */
 	u64 fine_window_us;	/* W_f */
 	u64 access_goal_ppm;	/* share of frames the windows aim to see young */
 	u64 regions;
@@ -224,10 +244,13 @@ struct vt_stats {
 	u64 entries_written;
 	u64 last_hot_frames;
 	u64 overflow_rounds;
+	u64 early_rounds;	/* published before their period: rates changed (vt_round_early_when) */
 	/* the last sweep followed by another: its CPU, the interval T that made, and the gap */
 	u64 last_sweep_cpu_us;
 	u64 last_sweep_bound_ms;
 	u64 last_sweep_gap_ms;	/* from its start to the start of the next sweep */
+	u64 region_burst_us;	/* the estimate of one region's burst CPU that sizes bursts */
+	u64 overdraw_us;	/* largest debt seen lately, kept out of the bank (vt_bank) */
 	u64 track_alloc_fail;
 	u64 fb_entry_budget;	/* last host feedback seen */
 	u64 fb_min_interval_ms;
@@ -282,6 +305,7 @@ struct vt_burst {
 	unsigned int pass;	/* next pass: 0 clears, 1..m read */
 	unsigned int next;	/* next region of the pass in progress */
 	u64 t_pass_ns[VT_BURST_MAX_WINDOWS + 1];
+	u64 cpu_pass_ns[VT_BURST_MAX_WINDOWS + 1];	/* the thread's CPU time then */
 	u64 cpu_ns;		/* spent on its passes so far */
 	bool wraps;		/* its last region ends the sweep */
 	struct vt_burst_region r[VT_BURST_REGIONS];
@@ -329,10 +353,16 @@ struct vt_tracker {
 	unsigned int cfast_code;	/* ...and the rate fast for it (vt_fast_code) */
 	u64 idle_t, idle_w;	/* last idle coarse window's exposure and length... */
 	s64 idle_d;		/* ...and what it did to a rate: regions of a chunk share it */
+	u64 change_regions;	/* regions change detection found risen since the last round */
+	u64 changed_pending;	/* regions flagged VT_R_CHANGED, at most (vt_burst_select) */
+	u64 change_w;		/* last short coarse window's length... */
+	s64 change_lw;		/* ...its vt_change_lw() */
 	/* scratch of the passes */
 	u64 *obs;		/* frame words seen by the last pass of a burst, per region */
 	u64 pub_hist[256];	/* publication's counting sort */
 	u64 pub_off[256];
+	u8 *pub_levels;		/* its first pass's levels for the second (vt_pub_levels) */
+	u64 pub_levels_n;
 	struct task_struct **tasks;
 	unsigned int tasks_cap;
 };

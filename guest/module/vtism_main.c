@@ -45,6 +45,7 @@ static void vt_kick(void)
 /* ---- parameters ---- */
 
 unsigned int vt_cpu_budget_bp = 100;
+static unsigned int vt_credit_bank_ms = 1000;
 unsigned int vt_coarse_period_ms = 200;
 unsigned int vt_coarse_chunk = 2048;
 unsigned int vt_coarse_window_min_us = 50;
@@ -73,6 +74,7 @@ struct vt_range {
 /* What each parameter accepts; a value outside is refused with EINVAL and a kernel message. */
 static const struct vt_range vt_ranges[] = {
 	{ &vt_cpu_budget_bp, 1, 10000 },
+	{ &vt_credit_bank_ms, 1, 60000 },
 	{ &vt_coarse_period_ms, 1, 60000 },
 	{ &vt_coarse_chunk, 1, 1u << 20 },
 	{ &vt_coarse_window_min_us, 10, 10000000 },
@@ -122,6 +124,8 @@ static const struct kernel_param_ops vt_uint_ops = {
 
 VT_PARAM(cpu_budget_bp, vt_cpu_budget_bp,
 	 "CPU time the tracker may use, in basis points of one vCPU (100 = 1%)");
+VT_PARAM(credit_bank_ms, vt_credit_bank_ms,
+	 "the budget of at most this much time may be saved up while idle, ms (1000)");
 VT_PARAM(coarse_period_ms, vt_coarse_period_ms, "time between coarse windows over all regions, ms (200)");
 VT_PARAM(coarse_chunk, vt_coarse_chunk, "regions per coarse window, at most (2048)");
 VT_PARAM(coarse_window_min_us, vt_coarse_window_min_us, "shortest coarse window W_c, us (50)");
@@ -194,8 +198,10 @@ static struct vt_stat_attr vt_stat_attrs[] = {
 	VT_STAT(cpu_us, vt_stats.cpu_us),
 	VT_STAT(last_round_cpu_us, vt_stats.last_round_cpu_us),
 	VT_STAT(last_publish_us, vt_stats.last_publish_us),
+	VT_STAT(max_publish_us, vt_stats.max_publish_us),
 	VT_STAT(round_ms, vt_stats.round_ms),
 	VT_STAT(coarse_window_us, vt_stats.coarse_window_us),
+	VT_STAT(coarse_window_eff_us, vt_stats.coarse_window_eff_us),
 	VT_STAT(fine_window_us, vt_stats.fine_window_us),
 	VT_STAT(access_goal_ppm, vt_stats.access_goal_ppm),
 	VT_STAT(regions, vt_stats.regions),
@@ -207,9 +213,12 @@ static struct vt_stat_attr vt_stat_attrs[] = {
 	VT_STAT(entries_written, vt_stats.entries_written),
 	VT_STAT(last_hot_frames, vt_stats.last_hot_frames),
 	VT_STAT(overflow_rounds, vt_stats.overflow_rounds),
+	VT_STAT(early_rounds, vt_stats.early_rounds),
 	VT_STAT(last_sweep_cpu_us, vt_stats.last_sweep_cpu_us),
 	VT_STAT(last_sweep_gap_ms, vt_stats.last_sweep_gap_ms),
 	VT_STAT(last_sweep_bound_ms, vt_stats.last_sweep_bound_ms),
+	VT_STAT(region_burst_us, vt_stats.region_burst_us),
+	VT_STAT(overdraw_us, vt_stats.overdraw_us),
 	VT_STAT(track_alloc_fail, vt_stats.track_alloc_fail),
 	VT_STAT(feedback_entry_budget, vt_stats.fb_entry_budget),
 	VT_STAT(feedback_min_interval_ms, vt_stats.fb_min_interval_ms),
@@ -239,6 +248,12 @@ static struct vt_stat_attr vt_stat_attrs[] = {
 	VT_COUNTER(budget_waits),
 	VT_COUNTER(sweeps),
 	VT_COUNTER(bursts),
+	VT_COUNTER(frames_read),
+	VT_COUNTER(changes),
+	VT_COUNTER(rate_rises),
+	VT_COUNTER(rate_falls),
+	VT_COUNTER(changed_bursted),
+	VT_COUNTER(neighbours_flagged),
 };
 
 static struct attribute *vt_attrs[ARRAY_SIZE(vt_stat_attrs) + 1];
@@ -326,6 +341,7 @@ struct vt_loop {
 	u64 c_cost_ns;		/* ...of the last complete one: reserved for coarse windows */
 	u64 f_due;
 	u64 round_next;
+	u64 round_last;		/* publish time of the last round */
 	u64 round_cpu;		/* CPU at the last round */
 	u64 round_windows;	/* windows at the last round */
 	u64 round_ms;		/* period in effect */
@@ -333,6 +349,7 @@ struct vt_loop {
 	s64 credit_ns;		/* CPU the budget still allows */
 	u64 last_now, last_cpu;
 	u64 wake_ns;		/* CPU of one idle wake-up (sleep, wake, look around), averaged */
+	u64 overdraw_ns;	/* largest debt seen lately: vt_bank() keeps it out of the bank */
 	bool slept;		/* the last step only slept */
 	u64 start, cpu0;
 };
@@ -347,11 +364,33 @@ static u64 vt_budget_bp(void)
 	return clamp_t(u64, READ_ONCE(vt_cpu_budget_bp), 1, 10000);
 }
 
-/* The budget accrues with time, at most 1 s of it banked, and pays for all the thread's CPU. */
+/* Credit the thread can bank: credit_bank_ms of its budget */
+static s64 vt_credit_cap(void)
+{
+	return vt_budget_bp() * clamp_t(u64, READ_ONCE(vt_credit_bank_ms), 1, 60000) *
+	       (NSEC_PER_MSEC / 10000);
+}
+
+/*
+ * Credit the thread may hold: the bank less the largest debt seen lately (at most half the
+ * bank). Work is paid before it is known what it costs: a pass checks the clock every region,
+ * a round publishes on time, and sum_exec_runtime of the running thread lags by up to a tick.
+ * The debt these leave is repaid from credit that can never exceed the bank less that debt, so
+ * over any interval the thread spends at most the budget plus one bank (cpu-budget failed by
+ * 1.4 ms of debt at 1%).
+ */
+static s64 vt_bank(struct vt_loop *l)
+{
+	s64 cap = vt_credit_cap();
+
+	return cap - min_t(s64, l->overdraw_ns, cap / 2);
+}
+
+/* The budget accrues with time, at most the bank of it saved, and pays for all the thread's CPU. */
 static void vt_account(struct vt_loop *l)
 {
 	u64 bp = vt_budget_bp();
-	s64 cap = bp * (NSEC_PER_SEC / 10000);
+	s64 cap;
 
 	l->now = ktime_get_ns();
 	l->cpu = vt_cpu_ns();
@@ -360,6 +399,9 @@ static void vt_account(struct vt_loop *l)
 	if (l->slept)
 		l->wake_ns = (7 * l->wake_ns + (l->cpu - l->last_cpu)) / 8;
 	l->slept = false;
+	if (l->credit_ns < 0)
+		l->overdraw_ns = max_t(u64, l->overdraw_ns, -l->credit_ns);
+	cap = vt_bank(l);
 	l->credit_ns = min(l->credit_ns, cap);
 	l->last_now = l->now;
 	l->last_cpu = l->cpu;
@@ -412,7 +454,7 @@ static void vt_coarse_start(struct vt_loop *l)
 	c->read = false;
 	c->regions = 0;
 	c->pud_base = c->pmd_base = 1;	/* every pass decides its upper entries anew */
-	c->t_clear_ns = l->now;
+	c->t_clear_ns = ktime_get_ns();	/* after discovery: the window starts with the pass */
 	l->cstate = VT_C_CLEARING;
 }
 
@@ -458,6 +500,17 @@ static enum vt_pass_result vt_coarse_step(struct vt_loop *l)
 
 /* ---- fine bursts ---- */
 
+static void vt_burst_start(struct vt_loop *l)
+{
+	struct vt_burst *b = l->b;
+
+	b->m = clamp_t(unsigned int, READ_ONCE(vt_burst), 1, VT_BURST_MAX_WINDOWS);
+	b->pass = 0;
+	b->next = 0;
+	b->cpu_ns = 0;
+	l->fstate = VT_F_PASS;
+}
+
 static void vt_cursor_move(struct vt_tracker *tr, struct vt_mm *vm, unsigned long idx)
 {
 	if (tr->cur_vm != vm) {
@@ -470,7 +523,62 @@ static void vt_cursor_move(struct vt_tracker *tr, struct vt_mm *vm, unsigned lon
 	tr->cur_idx = idx;
 }
 
-/* The regions the burst observes: from the cursor on, as many as the budget pays for. */
+static void vt_burst_add(struct vt_burst *b, struct vt_mm *vm, unsigned long idx,
+			 struct vt_region *r)
+{
+	struct vt_burst_region *br = &b->r[b->n++];
+
+	r->flags |= VT_R_BURST;
+	r->flags &= ~VT_R_CHANGED;
+	vm->busy++;
+	br->vm = vm;
+	br->idx = idx;
+	memset(br->young, 0, sizeof(br->young));
+}
+
+/* Room in the burst for one more region the budget pays for (the first always) */
+static bool vt_burst_room(struct vt_tracker *tr, struct vt_burst *b, s64 afford)
+{
+	return b->n < VT_BURST_REGIONS &&
+	       (!b->n || (s64)((b->n + 1) * tr->region_burst_ns) <= afford);
+}
+
+/*
+ * Regions whose rate change detection found changed, ahead of the cursor: when a hot set
+ * moves, the regions it went to and those it left are measured within a burst or two of being
+ * seen, not when the sweep gets there (two minutes in the testbed's slow guest; the regions it
+ * left kept their frames' old rates until then, and the quota). Whole-table scan, only while
+ * some are flagged.
+ */
+static void vt_burst_select_changed(struct vt_tracker *tr, struct vt_burst *b, s64 afford)
+{
+	struct vt_table *t = &tr->table;
+	struct vt_mm *vm;
+	u64 left = 0;
+
+	for (vm = vt_mm_next(t, NULL); vm; vm = vt_mm_next(t, vm)) {
+		unsigned long idx = 0;
+
+		for (; !vm->gone && vt_region_next(t, vm, &idx); idx++) {
+			struct vt_region *r = vt_region_get(t, vm, idx, false);
+
+			if (!(r->flags & VT_R_CHANGED))
+				continue;
+			if (!(r->flags & VT_R_BURST) && vt_burst_room(tr, b, afford)) {
+				vt_burst_add(b, vm, idx, r);
+				tr->c.changed_bursted++;
+			} else {
+				left++;
+			}
+		}
+	}
+	tr->changed_pending = left;
+}
+
+/*
+ * The regions the burst observes: those found changed, then from the cursor on, as many as the
+ * budget pays for. Between sweeps (the seed's interval), changed ones only.
+ */
 static void vt_burst_select(struct vt_loop *l, s64 afford)
 {
 	struct vt_tracker *tr = &l->tr;
@@ -479,6 +587,14 @@ static void vt_burst_select(struct vt_loop *l, s64 afford)
 	struct vt_mm *vm = tr->cur_vm;
 	unsigned long idx = tr->cur_idx;
 
+	b->n = 0;
+	b->wraps = false;
+	if (tr->changed_pending)
+		vt_burst_select_changed(tr, b, afford);
+	if ((!vm && l->now < tr->next_sweep_ns) || !vt_burst_room(tr, b, afford)) {
+		vt_burst_start(l);
+		return;
+	}
 	if (!vm) {	/* a new sweep */
 		vm = vt_mm_next(t, NULL);
 		idx = 0;
@@ -491,10 +607,7 @@ static void vt_burst_select(struct vt_loop *l, s64 afford)
 		tr->sweep_start_ns = l->now;
 		tr->sweep_cpu_ns = 0;
 	}
-	b->n = 0;
-	b->wraps = false;
 	while (b->n < VT_BURST_REGIONS) {
-		struct vt_burst_region *br;
 		struct vt_region *r;
 
 		if (!vm) {
@@ -506,23 +619,15 @@ static void vt_burst_select(struct vt_loop *l, s64 afford)
 			idx = 0;
 			continue;
 		}
-		if (b->n && (s64)((b->n + 1) * tr->region_burst_ns) > afford)
+		if (!vt_burst_room(tr, b, afford))
 			break;
 		r = vt_region_get(t, vm, idx, false);
-		r->flags |= VT_R_BURST;
-		vm->busy++;
-		br = &b->r[b->n++];
-		br->vm = vm;
-		br->idx = idx;
-		memset(br->young, 0, sizeof(br->young));
+		if (!(r->flags & VT_R_BURST))	/* not already in as changed */
+			vt_burst_add(b, vm, idx, r);
 		idx++;
 	}
 	vt_cursor_move(tr, vm, idx);
-	b->m = clamp_t(unsigned int, READ_ONCE(vt_burst), 1, VT_BURST_MAX_WINDOWS);
-	b->pass = 0;
-	b->next = 0;
-	b->cpu_ns = 0;
-	l->fstate = VT_F_PASS;
+	vt_burst_start(l);
 }
 
 static void vt_burst_end(struct vt_loop *l)
@@ -563,8 +668,10 @@ static enum vt_pass_result vt_fine_step(struct vt_loop *l)
 	enum vt_pass_result res;
 	u64 t0 = l->now;
 
-	if (b->next == 0)
+	if (b->next == 0) {
 		b->t_pass_ns[b->pass] = l->now;
+		b->cpu_pass_ns[b->pass] = l->cpu;
+	}
 	l->fstate = VT_F_PASS;
 	res = vt_fine_pass(tr, b);
 	b->cpu_ns += ktime_get_ns() - t0;
@@ -589,10 +696,16 @@ static enum vt_pass_result vt_fine_step(struct vt_loop *l)
  */
 static s64 vt_coarse_reserve(struct vt_loop *l)
 {
-	return min_t(u64, l->c_cost_ns, vt_budget_bp() * (NSEC_PER_SEC / 10000) / 2);
+	return min_t(u64, l->c_cost_ns, vt_bank(l) / 2);
 }
 
-/* Can a burst start: a sweep under way or its interval passed, and budget beyond coarse's? */
+/*
+ * Can a burst start: a sweep under way or its interval passed, and budget beyond coarse's for
+ * a region's burst. Never more than three quarters of the bank: where one region's burst costs
+ * more (a slow or contended vCPU), waiting for it would stop fine windows for good, and a full
+ * bank is rare while coarse windows spend; its passes stop where the credit runs out and go on
+ * as it comes back.
+ */
 static u64 vt_burst_when(struct vt_loop *l)
 {
 	struct vt_tracker *tr = &l->tr;
@@ -600,12 +713,37 @@ static u64 vt_burst_when(struct vt_loop *l)
 
 	if (!tr->table.regions)
 		return U64_MAX;
-	if (!tr->cur_vm)
+	if (!tr->cur_vm && !tr->changed_pending)
 		t = max(t, tr->next_sweep_ns);
-	return max(t, vt_when_credit(l, vt_coarse_reserve(l) + tr->region_burst_ns));
+	return max(t, vt_when_credit(l, min_t(s64, vt_coarse_reserve(l) + tr->region_burst_ns,
+					      vt_bank(l) / 4 * 3)));
 }
 
 /* ---- rounds ---- */
+
+/*
+ * When a round may come before its period: once change detection has found the rates of
+ * enough regions risen since the last round (a quarter of the regions the host's quota holds,
+ * at least one), so that a hot set that appeared is published within a second or two of being
+ * seen rather than a period later (a period is seconds on a large guest: publication gets a
+ * quarter of the budget). Rates that fell need nothing soon: the host demotes for room. Still
+ * round_ms (and the host's min_interval_ms) after the last round, and only with credit beyond
+ * the next coarse windows': those find the change, and the budget pays for this round as for
+ * any other; the next one waits its period from it. U64_MAX: not yet.
+ */
+static u64 vt_round_early_when(struct vt_loop *l)
+{
+	struct vt_tracker *tr = &l->tr;
+	u64 q = l->d->fb.fast_quota_bytes >> PMD_SHIFT;
+
+	if (!q)
+		q = tr->tracked_frames >> (PMD_SHIFT - PAGE_SHIFT);
+	if (!tr->change_regions || tr->change_regions < max_t(u64, q / 4, 1))
+		return U64_MAX;
+	return max(l->round_last + max_t(u64, READ_ONCE(vt_round_ms), l->d->fb.min_interval_ms) *
+				   NSEC_PER_MSEC,
+		   vt_when_credit(l, vt_coarse_reserve(l) + 1));
+}
 
 static void vt_round(struct vt_loop *l)
 {
@@ -626,9 +764,13 @@ static void vt_round(struct vt_loop *l)
 	ri.cpu_us = min_t(u64, div_u64(l->cpu - l->round_cpu, NSEC_PER_USEC), U32_MAX);
 	ri.windows = min_t(u64, windows, U32_MAX);
 
+	if (l->now < l->round_next)
+		WRITE_ONCE(vt_stats.early_rounds, vt_stats.early_rounds + 1);
+	tr->change_regions = 0;
 	t0 = ktime_get_ns();
 	vt_publish(tr, d->h, budget, &ri, &res);
 	pub_ns = ktime_get_ns() - t0;
+	l->round_last = res.publish_ns;
 
 	/* rounds no more often than publishing within a quarter of the budget allows */
 	period = max_t(u64, READ_ONCE(vt_round_ms), div64_u64(pub_ns * 4 * 10000, bp * NSEC_PER_MSEC));
@@ -637,6 +779,8 @@ static void vt_round(struct vt_loop *l)
 	/* from this round's publish_time_ns: the host sees rounds at least the period apart */
 	l->round_next = res.publish_ns + period * NSEC_PER_MSEC;
 	l->round_cpu = l->cpu;
+	WRITE_ONCE(vt_stats.overdraw_us, div_u64(l->overdraw_ns, NSEC_PER_USEC));
+	l->overdraw_ns -= l->overdraw_ns / 16;	/* lately: halves in about 11 rounds */
 
 	mutex_lock(&vt_stats_lock);
 	vt_counters_add(&vt_stats.total, &tr->c);
@@ -646,8 +790,11 @@ static void vt_round(struct vt_loop *l)
 	WRITE_ONCE(vt_stats.cpu_us, div_u64(l->cpu - l->cpu0, NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.last_round_cpu_us, ri.cpu_us);
 	WRITE_ONCE(vt_stats.last_publish_us, div_u64(pub_ns, NSEC_PER_USEC));
+	WRITE_ONCE(vt_stats.max_publish_us,
+		   max(vt_stats.max_publish_us, div_u64(pub_ns, NSEC_PER_USEC)));
 	WRITE_ONCE(vt_stats.round_ms, period);
 	WRITE_ONCE(vt_stats.coarse_window_us, div_u64(tr->wc_ns, NSEC_PER_USEC));
+	WRITE_ONCE(vt_stats.coarse_window_eff_us, tr->wc_eff_us);
 	WRITE_ONCE(vt_stats.fine_window_us, div_u64(tr->wf_ns, NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.access_goal_ppm, tr->goal_ppm);
 	WRITE_ONCE(vt_stats.regions, tr->table.regions);
@@ -664,6 +811,7 @@ static void vt_round(struct vt_loop *l)
 	WRITE_ONCE(vt_stats.last_sweep_cpu_us, tr->gap_cpu_us);
 	WRITE_ONCE(vt_stats.last_sweep_bound_ms, tr->gap_bound_ms);
 	WRITE_ONCE(vt_stats.last_sweep_gap_ms, tr->sweep_gap_ms);
+	WRITE_ONCE(vt_stats.region_burst_us, div_u64(tr->region_burst_ns, NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.fb_entry_budget, d->fb.entry_budget);
 	WRITE_ONCE(vt_stats.fb_min_interval_ms, d->fb.min_interval_ms);
 	WRITE_ONCE(vt_stats.fb_ack_round, d->fb.ack_round);
@@ -705,7 +853,12 @@ static bool vt_step(struct vt_loop *l)
 	if (kthread_should_stop())
 		return false;
 	tr->now_ns = l->now;
-	tr->deadline_ns = l->now + (u64)READ_ONCE(vt_pass_max_us) * NSEC_PER_USEC;
+	/*
+	 * A pass also stops where its credit runs out: started with a little credit, a whole
+	 * pass_max_us slice would overdraw the budget by up to a slice (cpu-budget failed by 1.3 ms).
+	 */
+	tr->deadline_ns = l->now + min_t(u64, (u64)READ_ONCE(vt_pass_max_us) * NSEC_PER_USEC,
+					 max_t(s64, l->credit_ns, 0));
 	/* Xen PV has no hardware non-leaf Accessed bits: pruning would skip everything */
 	tr->prune = READ_ONCE(vt_prune) && tr->nonleaf_young;
 
@@ -721,7 +874,7 @@ static bool vt_step(struct vt_loop *l)
 		res = vt_coarse_step(l);
 	} else if (paid && fine_due) {
 		res = vt_fine_step(l);
-	} else if (l->now >= l->round_next) {
+	} else if (l->now >= l->round_next || vt_round_early_when(l) <= l->now) {
 		vt_round(l);
 	} else if (l->cstate == VT_C_IDLE && l->now >= l->c_next && l->credit_ns > 0) {
 		vt_coarse_start(l);
@@ -733,7 +886,7 @@ static bool vt_step(struct vt_loop *l)
 		else
 			vt_burst_end(l);	/* nothing left in this sweep */
 	} else {
-		due = l->round_next;
+		due = min(l->round_next, vt_round_early_when(l));
 		if (l->cstate == VT_C_OPEN && !coarse_due)
 			due = min(due, l->c_read_due);
 		if (l->cstate == VT_C_IDLE) {
@@ -790,9 +943,10 @@ static int vt_thread(void *arg)
 	tr->rng = get_random_u32() | 1;
 	l->start = l->last_now = ktime_get_ns();
 	l->cpu0 = l->last_cpu = l->round_cpu = vt_cpu_ns();
-	l->credit_ns = vt_budget_bp() * (NSEC_PER_SEC / 10000);
+	l->credit_ns = vt_credit_cap();
 	l->round_ms = READ_ONCE(vt_round_ms);
 	l->round_next = l->start + l->round_ms * NSEC_PER_MSEC;
+	l->round_last = l->start;
 	l->c_next = l->start;
 
 	while (vt_step(l))
@@ -807,6 +961,7 @@ static int vt_thread(void *arg)
 out:
 	kvfree(tr->tasks);
 	kvfree(tr->obs);
+	kvfree(tr->pub_levels);
 	kvfree(l->b);
 	kfree(l);
 wait:

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0 OR MIT
 /*
  * vtism_guest access-rate arithmetic, in fixed point (no FPU in kernel code).
  *
@@ -11,8 +11,8 @@
  * 3 s since the last burst) can share without the short ones, which rarely see a slow page,
  * dragging its rate down or making it jump.
  *
- * Built into the module and, with VT_RATE_USERSPACE, into vtism_rate_test.c and
- * guest/tests/bench_rate.c.
+ * Built into the module and, with VT_RATE_USERSPACE, into vtism_rate_test.c,
+ * guest/tests/bench_rate.c and the simulator (crates/sim): hence dual-licensed.
  */
 #ifndef VT_RATE_USERSPACE
 #include <linux/bitops.h>
@@ -183,6 +183,43 @@ unsigned int vt_fast_code(u64 w_us)
 }
 
 /*
+ * A page young in every one of m windows of w_us, though its rate says that happens in fewer than
+ * 1 burst in 100: its rate rose (a hot set that moved onto it), and the windows are evidence the
+ * rate cannot weigh. Averaged in, m young windows move a rate that expected little by about one
+ * access each against all its exposure: a page cold until now was published below the warm pages
+ * it overtook for several sweeps, minutes in a slow guest (docs/testbed.md). Below the code this
+ * returns, such a page starts over from the m windows alone, as on its first burst (about 1.6 / w
+ * for m = 4). The code: (1 - e^-rw)^m = 1/100, r = -ln(1 - 100^(-1/m)) / w.
+ */
+unsigned int vt_rise_code(u64 w_us, unsigned int m)
+{
+	/* -ln(1 - 100^(-1/m)) in Q16, m = 1..6 */
+	static const u32 x_q16[] = { 659, 6905, 15901, 24912, 33271, 40889 };
+	u64 x = x_q16[clamp_t(unsigned int, m, 1, ARRAY_SIZE(x_q16)) - 1];
+
+	return vt_code_of_hz(mul_u64_u64_div_u64(x << 16, VT_US, clamp_t(u64, w_us, 1, VT_T_MAX)),
+			     512);
+}
+
+/*
+ * The other way: a page idle in every one of m windows of w_us, though its rate says that happens
+ * in fewer than 1 burst in 100: its rate fell (a hot set that moved off it). Averaged in, m idle
+ * windows move a rate by about m w against the region's exposure, some 8 windows: a hot set that
+ * moved was still ranked where it had been for several bursts of each region, minutes in a slow
+ * guest (docs/testbed.md), and kept the quota. At or above the code this returns, such a page starts
+ * over from the burst's windows and the long one before them. The code: e^(-r w m) = 1/100,
+ * r = ln(100) / (m w).
+ */
+unsigned int vt_fall_code(u64 w_us, unsigned int m)
+{
+	u64 mw = (u64)clamp_t(unsigned int, m, 1, 6) *	/* 6: VT_BURST_MAX_WINDOWS */
+		 clamp_t(u64, w_us, 1, VT_T_MAX);
+
+	/* ln(100) = 4.60517 = 301805 / 2^16 */
+	return vt_code_of_hz(mul_u64_u64_div_u64(301805ULL << 16, VT_US, mw), 512);
+}
+
+/*
  * What a window of w_us that did not see the page does to its rate after t_us of exposure: it
  * scales by td / (td + w), td = t decayed. In 1/1024 codes; S64_MIN when nothing came before
  * (the rate is then 0). Sums of these move a code through several idle windows at once.
@@ -219,4 +256,113 @@ unsigned int vt_level_of_code(s64 code)
 		return 0;
 	l = (code - (VT_RC_1HZ - 96 * (VT_RC_PER_OCTAVE / 16)) + 2) >> 2;
 	return clamp_t(s64, l, 0, 255);
+}
+
+/*
+ * A region's frames before their first fine burst: the region's rate shared evenly among its
+ * present frames, rate / present. Every access of the region is an access of some frame, so
+ * their rates sum to at least the region's, and none exceeds it; the even share ranks a busy
+ * region's frames above a quiet one's from its first coarse windows, minutes before the sweep
+ * reaches it. 0 when the region is idle or has no frame present.
+ */
+unsigned int vt_share_code(unsigned int region_code, unsigned int present)
+{
+	s64 c;
+
+	if (!region_code || !present)
+		return 0;
+	c = (s64)region_code - ((vt_log2_q16(present) * VT_RC_PER_OCTAVE) >> 16);
+	return c < VT_RC_ZERO ? 0 : c;
+}
+
+/*
+ * The code a measured frame is published at: its rate moved by how far its region's moved
+ * since its burst (follow), bounded by its region both ways. Not above the region's rate while a
+ * coarse window W_c can tell that rate (below wc_fast_code = vt_fast_code(W_c)): every access
+ * of a frame is one of its region. A frame's rate is one burst's snapshot, refreshed once a
+ * sweep: a region hot one second in ten and measured in that second would otherwise be
+ * published ten times too hot for minutes. And not below the region's rate shared among its
+ * frames (share, vt_share_code): their rates sum to at least the region's, and a region that
+ * became busy after its burst (a hot set that moved) would otherwise have its frames follow it
+ * up by at most 4x until the sweep comes back, minutes later.
+ */
+s64 vt_published_code(unsigned int code, s64 follow, unsigned int region_code,
+		      unsigned int wc_fast_code, s64 share)
+{
+	s64 c = (s64)code + follow;
+
+	if (region_code < wc_fast_code)
+		c = min_t(s64, c, region_code);
+	return max_t(s64, c, share);
+}
+
+/*
+ * Change detection: Page's CUSUM on a rate's short windows. A rate's estimate remembers about
+ * its divisor's worth of windows (48 coarse ones, seconds), so a hot set that moves is ranked
+ * where it was for seconds after the move; yet one window that a rate makes unlikely (an idle
+ * window of a rate expected to be seen, or young ones in a row of a rate expected not to be) is
+ * strong evidence. Each window adds the log-likelihood ratio of its outcome for a rate moved by
+ * a factor of 2^VT_CHANGE_OCTAVES down (*down) and up (*up), against the estimate; a sum that
+ * reaches VT_CHANGE_H is an alarm, and the caller moves the rate by that factor. Whether a
+ * window of a rate r is young is Bernoulli with P = 1 - e^-x, x = r w: an idle window adds
+ * (1 - 1/4) x to *down and takes 3 x from *up; a young one adds ln((1 - e^-4x) / (1 - e^-x))
+ * to *up and ln((1 - e^-x/4) / (1 - e^-x)) (< 0) to *down. Sums are in 1/1024 nat, never below
+ * 0; a steady rate raises a false alarm about once per e^8 windows of it.
+ */
+#define VT_NAT 1024
+#define VT_CHANGE_H (8 * VT_NAT)
+#define VT_X_MAX (32 * VT_ONE)	/* x beyond: every log-likelihood ratio is saturated */
+
+/* log2 of a window of w_us in seconds, Q16: vt_change_step()'s lw, once per window length */
+s64 vt_change_lw(u64 w_us)
+{
+	return vt_log2_q16(clamp_t(u64, w_us, 1, VT_T_MAX)) - vt_log2_q16(VT_US);
+}
+
+/* a difference of vt_log2_q16()s in 1/1024 nat: d * ln 2 * 1024 / 2^16, ln 2 = 45426 / 2^16 */
+static s64 vt_nats_of_log2(s64 d)
+{
+	return (d * 45426) >> 22;
+}
+
+/* log2 of 1 - e^-x, Q16, x in Q32 (> 0) */
+static s64 vt_log2_share(u64 x)
+{
+	return vt_log2_q16(max_t(u64, vt_share_of_x(x), 1));
+}
+
+/*
+ * One window of a rate of code `code` (the estimate before the window; 0: no rate, nothing
+ * to detect) of lw = vt_change_lw(w), young or not. Returns -1 (a drop), +1 (a rise) or 0, and
+ * clears both sums on an alarm. dither rounds the idle window's increment (uniform 32 bits).
+ */
+int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down, u16 *up)
+{
+	s64 d = *down, u = *up, a;
+	u64 x;
+
+	if (!code)
+		return 0;
+	x = vt_exp2_q32(((s64)min_t(unsigned int, code, VT_RC_MAX) - VT_RC_1HZ) *
+			(VT_Q16 / VT_RC_PER_OCTAVE) + lw);
+	x = clamp_t(u64, x, 1, VT_X_MAX);
+	if (young) {
+		a = vt_log2_share(x);
+		u += vt_nats_of_log2(vt_log2_share(x << VT_CHANGE_OCTAVES) - a);
+		if (d)	/* the ratio is below 1: a sum at 0 stays there */
+			d += vt_nats_of_log2(vt_log2_share(x >> VT_CHANGE_OCTAVES) - a);
+	} else {
+		d += (s64)((x * (VT_NAT - (VT_NAT >> VT_CHANGE_OCTAVES)) + dither) >> 32);
+		u -= (s64)((x * (VT_NAT * ((1 << VT_CHANGE_OCTAVES) - 1))) >> 32);
+	}
+	d = clamp_t(s64, d, 0, VT_CHANGE_H);
+	u = clamp_t(s64, u, 0, VT_CHANGE_H);
+	if (d >= VT_CHANGE_H || u >= VT_CHANGE_H) {
+		*down = 0;
+		*up = 0;
+		return d >= VT_CHANGE_H ? -1 : 1;
+	}
+	*down = d;
+	*up = u;
+	return 0;
 }

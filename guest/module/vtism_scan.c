@@ -169,6 +169,41 @@ static enum vt_walk_result vt_check(struct vt_walk *w)
 	return VT_W_DONE;
 }
 
+/* ---- PTE tables ---- */
+
+/*
+ * The PTE of addr in the table pmd points to, with the table's lock held (*ptl), or NULL when
+ * pmd maps no table any more. Since 6.5 khugepaged can free a PTE table without the mmap lock
+ * (RCU-deferred), so the caller holds rcu_read_lock() and the PMD is checked again once its
+ * lock is held, as __pte_offset_map_lock() does. On 6.1 tables only go away under the mmap
+ * write lock and this is merely redundant.
+ */
+static pte_t *vt_pte_lock(struct vt_walk *w, pmd_t *pmd, unsigned long addr, spinlock_t **ptl)
+{
+	int tries = 0;
+
+	for (;;) {
+		pmd_t pmdval = READ_ONCE(*pmd);
+
+		if (!vt_pmd_is_table(pmdval))
+			return NULL;
+		*ptl = pte_lockptr(w->mm, &pmdval);
+		spin_lock(*ptl);
+		if (vt_pmd_same_table(pmdval, READ_ONCE(*pmd)))
+			return pte_offset_kernel(&pmdval, addr);
+		spin_unlock(*ptl);
+		w->tr->c.pte_retries++;
+		if (++tries == 3)
+			return NULL;
+	}
+}
+
+/* zero page, PFN maps and device memory: not frames the host should place */
+static inline bool vt_pte_is_frame(pte_t v)
+{
+	return (pte_flags(v) & _PAGE_PRESENT) && !pte_special(v) && !pte_devmap(v);
+}
+
 /* ---- coarse passes ---- */
 
 /* A THP region's unit word, read once under the PMD lock (its type needs the folio). */
@@ -209,6 +244,43 @@ static void vt_region_kind(struct vt_table *t, struct vt_region *r, bool thp)
 		r->flags &= ~VT_R_THP;
 		t->thp_regions--;
 	}
+}
+
+/*
+ * The frames of a region seen young before its first fine burst, read once with rate 0 (the
+ * PTEs are read, never written): publication shares the region's coarse rate among them
+ * (vt_share_code) until the sweep reaches the region and measures their own. One table read,
+ * paid from the coarse pass's time like every entry it visits.
+ */
+static void vt_coarse_frames(struct vt_walk *w, struct vt_region *r, pmd_t *pmd,
+			     unsigned long base)
+{
+	u64 *frames = vt_region_frames(&w->tr->table, r);
+	unsigned int i, present = 0;
+	spinlock_t *ptl;
+	pte_t *pte;
+
+	if (!frames)
+		return;
+	rcu_read_lock();
+	pte = vt_pte_lock(w, pmd, base, &ptl);
+	if (pte) {
+		for (i = 0; i < VT_REGION_FRAMES; i++, pte++) {
+			pte_t v = ptep_get(pte);
+			unsigned long pfn = pte_pfn(v);
+
+			frames[i] = 0;
+			if (!vt_pte_is_frame(v))
+				continue;
+			frames[i] = VT_F_PRESENT | FIELD_PREP(VT_F_PFN, pfn) | vt_type_of(pfn) |
+				    (pte_dirty(v) ? VT_F_WRITE : 0);
+			present++;
+		}
+		spin_unlock(ptl);
+	}
+	rcu_read_unlock();
+	r->present = present;
+	w->tr->c.frames_read++;
 }
 
 /* One region of a coarse pass; y = its PMD entry was used. */
@@ -287,6 +359,9 @@ static enum vt_walk_result vt_coarse_pmds(struct vt_walk *w, pud_t *pud, unsigne
 		if (thp && !(r->unit & VT_F_PRESENT))
 			vt_thp_unit(w, r, pmd);
 		vt_coarse_region(w, r, y);
+		/* used and not measured yet: its frames, so that it is published from now on */
+		if (y && w->c->read && !thp && !(r->flags & VT_R_MEASURED) && !r->frames)
+			vt_coarse_frames(w, r, pmd, base);
 	} while (pmd++, addr = next, addr != end);
 	return VT_W_DONE;
 }
@@ -492,37 +567,18 @@ static unsigned int vt_fine_ptes(struct vt_walk *w, struct vt_burst *b, struct v
 	const u64 *frames = r->frames;
 	spinlock_t *ptl;
 	pte_t *pte;
-	pmd_t pmdval;
-	int tries = 0;
 
-	/*
-	 * Since 6.5 khugepaged can free a PTE table without the mmap lock (RCU-deferred), so map
-	 * it under RCU and recheck the PMD once its lock is held, like __pte_offset_map_lock().
-	 * On 6.1 tables only go away under the mmap write lock and this is merely redundant.
-	 */
 	rcu_read_lock();
-again:
-	pmdval = READ_ONCE(*pmd);
-	if (!vt_pmd_is_table(pmdval))
+	pte = vt_pte_lock(w, pmd, addr, &ptl);
+	if (!pte)
 		goto out;
-	pte = pte_offset_kernel(&pmdval, addr);
-	ptl = pte_lockptr(w->mm, &pmdval);
-	spin_lock(ptl);
-	if (!vt_pmd_same_table(pmdval, READ_ONCE(*pmd))) {
-		spin_unlock(ptl);
-		cn->pte_retries++;
-		if (++tries < 3)
-			goto again;
-		goto out;
-	}
 	for (; addr < end; pte++, addr += PAGE_SIZE, i++) {
 		pte_t v = ptep_get(pte);
 		unsigned long pfn;
 		bool young;
 
 		n++;
-		/* zero page, PFN maps and device memory: not frames the host should place */
-		if (!(pte_flags(v) & _PAGE_PRESENT) || pte_special(v) || pte_devmap(v))
+		if (!vt_pte_is_frame(v))
 			continue;
 		if (b->pass == 0 && frames && (frames[i] & VT_F_PRESENT) &&
 		    FIELD_GET(VT_F_SKIP, frames[i]))

@@ -6,7 +6,8 @@
  * (some page of it used, per second) from its coarse windows, a frame's own rate from its fine
  * windows. The window loops aim at seeing a share of regions / frames young per window that
  * matches what the host's fast-memory quota holds. A round publishes every frame's rate as a
- * channel v1.1 level, hottest first.
+ * channel v1.1 level, hottest first: never above its region's rate nor below that rate shared
+ * among the region's frames, and, until the frame's first burst, at that share.
  *
  * Only the tracker thread touches any of this: no locking.
  */
@@ -57,16 +58,35 @@ static unsigned int vt_coarse_fast_code(struct vt_tracker *tr)
 	return tr->cfast_code;
 }
 
+/* The region goes first into the next fine burst (vt_burst_select_changed) */
+static void vt_flag_changed(struct vt_tracker *tr, struct vt_region *r)
+{
+	if (!(r->flags & VT_R_CHANGED)) {
+		r->flags |= VT_R_CHANGED;
+		tr->changed_pending++;
+	}
+}
+
 /*
  * One coarse window of w_us averaged into the region's rate; long_w: the one since the last
- * read. A fast region's rate weighs its short windows only (vt_fast_code).
+ * read. A fast region's rate weighs its short windows only (vt_fast_code). A short window
+ * also feeds change detection (vt_change_step): on an alarm the rate moves by its factor.
  */
 static void vt_region_window(struct vt_tracker *tr, struct vt_region *r, u64 w_us, bool young,
 			     bool long_w)
 {
 	bool fast = r->crate >= vt_coarse_fast_code(tr);
 	u64 t = fast ? r->cs_us : r->ct_us;
+	int change = 0;
 
+	if (!long_w) {
+		if (w_us != tr->change_w) {
+			tr->change_w = w_us;
+			tr->change_lw = vt_change_lw(w_us);
+		}
+		change = vt_change_step(r->crate, tr->change_lw, young, vt_dither(tr), &r->cdown,
+					&r->cup);
+	}
 	if (young && !(fast && long_w))
 		r->crate = vt_code_of_hz(vt_rate_add(vt_hz_of_code(r->crate), t, w_us, true,
 						     VT_COARSE_DIV), vt_dither(tr));
@@ -77,6 +97,14 @@ static void vt_region_window(struct vt_tracker *tr, struct vt_region *r, u64 w_u
 			tr->idle_d = vt_idle_codes(t, w_us, VT_COARSE_DIV);
 		}
 		r->crate = vt_code_moved(r->crate, tr->idle_d, vt_dither(tr));
+	}
+	if (change) {
+		r->crate = vt_code_moved(r->crate, (s64)change * (VT_CHANGE_OCTAVES *
+							       VT_RC_PER_OCTAVE << 10),
+					 vt_dither(tr));
+		tr->change_regions += change > 0;	/* risen: vt_round_early_when() */
+		vt_flag_changed(tr, r);
+		tr->c.changes++;
 	}
 	r->ct_us = min_t(u64, vt_exposure(r->ct_us, w_us, VT_COARSE_DIV), U32_MAX);
 	if (!long_w)
@@ -159,6 +187,8 @@ struct vt_burst_windows {
 	u64 s0, s1, s_end;	/* a fast rate's exposure: before and after the long window, short only */
 	s64 idle_fast;
 	u64 interval_ms;			/* between the region's bursts: do-not-disturb times */
+	unsigned int rise_code;			/* below it, young in all m: risen (vt_rise_code) */
+	unsigned int fall_code;			/* from it, idle in all m: fallen (vt_fall_code) */
 };
 
 /* codes an unseen rate moves by through the m short windows from exposure t; *t: after them */
@@ -175,6 +205,22 @@ static s64 vt_short_idle(u64 *t, u64 w_us, unsigned int m, s64 idle)
 	return idle;
 }
 
+/*
+ * The mean length of a burst's short windows in the workload's time: the wall time from the
+ * first pass to the last, less what this thread ran meanwhile (its passes, a publication, a
+ * coarse pass) over the CPUs it took it from. On one vCPU the workload cannot run while the
+ * thread does; where a pass takes as long as a window (TCG inside TCG: a region's pass ~50 ms,
+ * a publication ~200 ms, windows ~130 ms) a hot frame was otherwise seen idle through windows
+ * it could not run in, and the fall rule took it for cold. At most three quarters is taken off.
+ */
+static u64 vt_burst_window_us(const struct vt_burst *b)
+{
+	u64 wall = b->t_pass_ns[b->m] - b->t_pass_ns[0];
+	u64 lost = div_u64(b->cpu_pass_ns[b->m] - b->cpu_pass_ns[0], max(num_online_cpus(), 1U));
+
+	return max_t(u64, div_u64(wall - min(lost, wall / 4 * 3), b->m * NSEC_PER_USEC), 1);
+}
+
 static void vt_burst_windows_init(struct vt_burst_windows *bw, const struct vt_burst *b,
 				  const struct vt_region *r, const struct vt_tracker *tr)
 {
@@ -182,7 +228,7 @@ static void vt_burst_windows_init(struct vt_burst_windows *bw, const struct vt_b
 	u64 t;
 
 	bw->m = b->m;
-	bw->w_us = max_t(u64, div_u64(b->t_pass_ns[b->m] - b->t_pass_ns[0], b->m * NSEC_PER_USEC), 1);
+	bw->w_us = vt_burst_window_us(b);
 	bw->has_long = r->flags & VT_R_MEASURED;
 	bw->long_us = bw->has_long ? (u64)(u32)((u32)div_u64(b->t_pass_ns[0], NSEC_PER_MSEC) -
 						r->last_burst_ms) * USEC_PER_MSEC : 0;
@@ -204,26 +250,60 @@ static void vt_burst_windows_init(struct vt_burst_windows *bw, const struct vt_b
 	for (t = r->fs_us, j = 0; j < bw->m; j++)
 		t = vt_exposure(t, bw->w_us, VT_FINE_DIV);
 	bw->s_end = t;
+	bw->rise_code = vt_rise_code(bw->w_us, bw->m);
+	bw->fall_code = vt_fall_code(bw->w_us, bw->m);
 }
 
-/* A frame's rate through the burst's windows; y: bit j-1 = window j, VT_BY_LONG */
-static unsigned int vt_frame_rate(const struct vt_burst_windows *bw, unsigned int code, u8 y,
-				  bool first, bool long_valid, u32 dither)
+/* What a burst's windows say about a frame's rate: nothing improbable, risen or fallen */
+enum vt_shift { VT_STEADY, VT_RISEN, VT_FALLEN };
+
+/* frames of a burst that started over, by direction */
+struct vt_shifts {
+	unsigned int rises, falls;
+};
+
+/*
+ * Young in every short window, or idle in every one, which its rate says happens in under 1 burst
+ * in 100: the rate changed, and the frame starts over from the burst.
+ */
+static enum vt_shift vt_frame_shift(const struct vt_burst_windows *bw, unsigned int code, u8 y)
 {
-	bool fast = !first && code >= bw->fast_code;
+	u8 all = (u8)(BIT(bw->m) - 1);
+
+	if (code < bw->rise_code && (y & all) == all)
+		return VT_RISEN;
+	if (code >= bw->fall_code && !(y & all))
+		return VT_FALLEN;
+	return VT_STEADY;
+}
+
+/*
+ * A frame's rate through the burst's windows; y: bit j-1 = window j, VT_BY_LONG. A frame whose
+ * rate changed starts over (counted in sh): a risen one from the short windows, as on its first
+ * burst, a fallen one from the long window too (the page used in it or not, where that counts).
+ */
+static unsigned int vt_frame_rate(const struct vt_burst_windows *bw, unsigned int code, u8 y,
+				  bool first, bool long_valid, u32 dither, struct vt_shifts *sh)
+{
+	enum vt_shift shift = first ? VT_STEADY : vt_frame_shift(bw, code, y);
+	bool fast, restart = first || shift != VT_STEADY;
 	unsigned int j;
 	u64 hz, t;
 
+	sh->rises += shift == VT_RISEN;
+	sh->falls += shift == VT_FALLEN;
+	fast = !restart && code >= bw->fast_code;
 	y &= (u8)(BIT(bw->m) - 1) | VT_BY_LONG;
-	if (!first && !y)
+	if (!restart && !y)
 		return vt_code_moved(code, fast ? bw->idle_fast : bw->idle, dither);
-	hz = first ? 0 : vt_hz_of_code(code);
-	t = first ? 0 : fast ? bw->s0 : bw->t[0];
+	hz = restart ? 0 : vt_hz_of_code(code);
+	t = restart ? 0 : fast ? bw->s0 : bw->t[0];
 	/* a bit left set by do-not-disturb says nothing about the long window, nor does a young
 	 * one to a fast rate */
-	if (!first && bw->has_long && long_valid && !(fast && (y & VT_BY_LONG))) {
+	if ((!restart || shift == VT_FALLEN) && bw->has_long && long_valid &&
+	    !(fast && (y & VT_BY_LONG))) {
 		hz = vt_rate_add(hz, t, bw->long_us, y & VT_BY_LONG, VT_FINE_DIV);
-		t = fast ? bw->s1 : bw->t[1];
+		t = restart ? vt_exposure(0, bw->long_us, VT_FINE_DIV) : fast ? bw->s1 : bw->t[1];
 	}
 	for (j = 0; j < bw->m; j++) {
 		hz = vt_rate_add(hz, t, bw->w_us, y & BIT(j), VT_FINE_DIV);
@@ -234,12 +314,12 @@ static unsigned int vt_frame_rate(const struct vt_burst_windows *bw, unsigned in
 
 /* A measured frame word: new rate, HMM-V's do-not-disturb level up or down */
 static u64 vt_frame_land(const struct vt_burst_windows *bw, u64 f, u8 y, bool first,
-			 u32 dither, unsigned int *young_w)
+			 u32 dither, unsigned int *young_w, struct vt_shifts *sh)
 {
 	unsigned int k = hweight8(y & (BIT(bw->m) - 1));
 	unsigned int dnd = FIELD_GET(VT_F_DND, f), max = min(READ_ONCE(vt_dnd_max_level), 7u);
 	unsigned int rate = vt_frame_rate(bw, FIELD_GET(VT_F_RATE, f), y, first,
-					  !(f & VT_F_UNCLEARED), dither);
+					  !(f & VT_F_UNCLEARED), dither, sh);
 	u64 skip = 0;
 
 	/* up when young in at least half the windows, down otherwise */
@@ -270,6 +350,40 @@ static void vt_spread_learn(struct vt_mm *vm, const struct vt_region *r, u64 sum
 }
 
 /*
+ * A region where a quarter of its frames or more started over (their rate rose or fell) is where
+ * a hot set arrived or left, and hot sets are mostly contiguous (an array's hot part, a moving
+ * window, a heap's young end: what DAMON's regions assume). So its neighbours are burst next,
+ * ahead of the sweep, and theirs in turn while they changed too, unless measured in the last
+ * VT_NEIGHBOUR_GAP_MS. Otherwise the regions a moved hot set spans are found one per sweep as
+ * the cursor passes them, and where the coarse windows cannot point at them (every region busy
+ * in windows tens of ms long, docs/testbed.md) that takes minutes on a slow guest.
+ */
+#define VT_NEIGHBOUR_GAP_MS 10000
+#define VT_NEIGHBOUR_MIN_FRAMES 64	/* a sparse region's few frames are no evidence */
+
+static void vt_flag_neighbours(struct vt_tracker *tr, const struct vt_burst_region *br,
+			       u32 now_ms, unsigned int present, unsigned int shifted)
+{
+	int d;
+
+	if (present < VT_NEIGHBOUR_MIN_FRAMES || shifted * 4 < present)
+		return;
+	for (d = -1; d <= 1; d += 2) {
+		struct vt_region *n;
+
+		if (d < 0 && !br->idx)
+			continue;
+		n = vt_region_get(&tr->table, br->vm, br->idx + d, false);
+		if (!n || (n->flags & (VT_R_CHANGED | VT_R_BURST)))
+			continue;
+		if ((n->flags & VT_R_MEASURED) && now_ms - n->last_burst_ms < VT_NEIGHBOUR_GAP_MS)
+			continue;
+		vt_flag_changed(tr, n);
+		tr->c.neighbours_flagged++;
+	}
+}
+
+/*
  * The last pass of a burst saw obs[] (frame words of the present PTEs): average its windows
  * into the frames' rates, move their do-not-disturb levels.
  */
@@ -277,8 +391,9 @@ void vt_burst_land_region(struct vt_tracker *tr, struct vt_burst *b, struct vt_b
 			  struct vt_region *r, const u64 *obs)
 {
 	unsigned int m = b->m, i, present = 0, young_w = 0, seen_w = 0;
+	struct vt_shifts sh = { 0, 0 };
+	bool uncleared = false, measured = r->flags & VT_R_MEASURED;
 	struct vt_burst_windows bw;
-	bool uncleared = false;
 
 	vt_burst_windows_init(&bw, b, r, tr);
 	if (r->flags & VT_R_THP) {
@@ -288,7 +403,7 @@ void vt_burst_land_region(struct vt_tracker *tr, struct vt_burst *b, struct vt_b
 			/* one unit: no do-not-disturb (its one bit is the coarse windows' too) */
 			unsigned int rate = vt_frame_rate(&bw, FIELD_GET(VT_F_RATE, u), br->young[0],
 							  !(r->flags & VT_R_MEASURED), true,
-							  vt_dither(tr));
+							  vt_dither(tr), &sh);
 
 			r->unit = (u & ~VT_F_RATE) | FIELD_PREP(VT_F_RATE, rate);
 			present = VT_REGION_FRAMES;
@@ -301,15 +416,18 @@ void vt_burst_land_region(struct vt_tracker *tr, struct vt_burst *b, struct vt_b
 		for (i = 0; i < VT_REGION_FRAMES; i++) {
 			u64 o = obs[i], f = frames[i];
 			u8 y = br->young[i];
-			bool first = !(f & VT_F_PRESENT);
+			/* frames read before the first burst (vt_coarse_frames) have no rate yet */
+			bool first = !(f & VT_F_PRESENT) || !measured;
 
 			if (!(o & VT_F_PRESENT)) {
 				frames[i] = 0;
 				continue;
 			}
 			present++;
+			/* a frame read before the first burst keeps the Dirty it showed, and its
+			 * type while its pfn stays (VT_OBS_SAME) */
 			if (first)
-				f = 0;
+				f &= VT_F_TYPE | VT_F_WRITE;
 			/* the frame may have moved (pfn): its rate is the virtual page's */
 			f = (f & ~(VT_F_PFN | VT_F_PRESENT)) |
 			    (o & (VT_F_PFN | VT_F_PRESENT | VT_F_WRITE));
@@ -322,7 +440,8 @@ void vt_burst_land_region(struct vt_tracker *tr, struct vt_burst *b, struct vt_b
 				uncleared = true;
 				young_w += m;
 			} else {
-				f = vt_frame_land(&bw, f, y, first, vt_dither(tr), &young_w);
+				f = vt_frame_land(&bw, f, y, first, vt_dither(tr), &young_w,
+						  &sh);
 			}
 			seen_w += m;
 			frames[i] = f;
@@ -337,13 +456,17 @@ void vt_burst_land_region(struct vt_tracker *tr, struct vt_burst *b, struct vt_b
 	r->ft_us = min_t(u64, bw.t[m + 1], U32_MAX);
 	r->fs_us = min_t(u64, bw.s_end, U32_MAX);
 	tr->tracked_frames += present;
-	tr->tracked_frames -= min_t(u64, r->present, tr->tracked_frames);
+	if (measured)	/* counted only once measured (vt_pub_pass) */
+		tr->tracked_frames -= min_t(u64, r->present, tr->tracked_frames);
 	r->present = present;
 	r->crate_then = r->crate;
 	r->last_burst_ms = (u32)div_u64(b->t_pass_ns[m], NSEC_PER_MSEC);
 	r->flags |= VT_R_MEASURED;
 	tr->sweep_young += young_w;
 	tr->sweep_seen += seen_w;
+	tr->c.rate_rises += sh.rises;
+	tr->c.rate_falls += sh.falls;
+	vt_flag_neighbours(tr, br, r->last_burst_ms, present, sh.rises + sh.falls);
 }
 
 /* End of a full sweep: the fine window moves toward the goal share of young frames. */
@@ -382,23 +505,31 @@ struct vt_pub {
 	u64 budget;
 	u64 *entries;
 	bool write;		/* second pass: write the entries */
+	/*
+	 * The first pass keeps each measured frame's level here, VT_REGION_FRAMES per region in
+	 * the order both passes visit them; the second reads it instead of computing it again,
+	 * and reads a frame's word only to write its entry. NULL: both passes compute levels.
+	 */
+	u8 *levels;
+	u64 nlevels, k;
+	unsigned int low;	/* second pass: levels below are past the budget, not written */
 	struct vt_publish_result *res;
 };
 
-static void vt_pub_one(struct vt_pub *p, u64 f, s64 code, bool huge, bool young)
+static void vt_pub_count(struct vt_pub *p, unsigned int level, bool huge)
 {
-	unsigned int level = code > 0 ? vt_level_of_code(code) : 0;
-	u64 frames = huge ? VTISM_CH_HUGE_FRAMES : 1;
-
 	if (!level)
 		return;
-	if (!p->write) {
-		p->hist[level]++;
-		p->res->candidates++;
-		if (level >= 96)
-			p->res->hot_frames += frames;
+	p->hist[level]++;
+	p->res->candidates++;
+	if (level >= 96)
+		p->res->hot_frames += huge ? VTISM_CH_HUGE_FRAMES : 1;
+}
+
+static void vt_pub_write(struct vt_pub *p, u64 f, unsigned int level, bool huge, bool young)
+{
+	if (!level)
 		return;
-	}
 	if (p->off[level] < p->budget)
 		WRITE_ONCE(p->entries[p->off[level]],
 			   vtism_entry_make(FIELD_GET(VT_F_PFN, f), level, !!(f & VT_F_WRITE),
@@ -406,11 +537,88 @@ static void vt_pub_one(struct vt_pub *p, u64 f, s64 code, bool huge, bool young)
 	p->off[level]++;
 }
 
+static void vt_pub_one(struct vt_pub *p, u64 f, s64 code, bool huge, bool young)
+{
+	unsigned int level = code > 0 ? vt_level_of_code(code) : 0;
+
+	if (p->write)
+		vt_pub_write(p, f, level, huge, young);
+	else
+		vt_pub_count(p, level, huge);
+}
+
+/*
+ * A measured region's frames (r->frames): each at vt_published_code(), its region's rate
+ * `follow`ed, bounded by it and at least `share`. With the level scratch, the first pass
+ * computes and keeps the levels and the second reads them back.
+ */
+static void vt_pub_frames(struct vt_pub *p, const struct vt_region *r, s64 follow,
+			  unsigned int wc_fast, s64 share, bool young, u64 *dnd)
+{
+	u8 *lv = p->levels && p->k + VT_REGION_FRAMES <= p->nlevels ? p->levels + p->k : NULL;
+	unsigned int i;
+
+	if (lv)
+		p->k += VT_REGION_FRAMES;
+	if (lv && p->write) {
+		for (i = 0; i < VT_REGION_FRAMES; i++)
+			if (lv[i] >= p->low)
+				vt_pub_write(p, r->frames[i], lv[i], false, young);
+		return;
+	}
+	for (i = 0; i < VT_REGION_FRAMES; i++) {
+		u64 f = r->frames[i];
+		s64 code;
+		unsigned int level;
+
+		if (!(f & VT_F_PRESENT)) {
+			if (lv)
+				lv[i] = 0;
+			continue;
+		}
+		if (!p->write && FIELD_GET(VT_F_SKIP, f))
+			(*dnd)++;
+		code = vt_published_code(FIELD_GET(VT_F_RATE, f), follow, r->crate, wc_fast, share);
+		level = code > 0 ? vt_level_of_code(code) : 0;
+		if (lv)
+			lv[i] = level;
+		if (p->write)
+			vt_pub_write(p, f, level, false, young);
+		else
+			vt_pub_count(p, level, false);
+	}
+}
+
+/*
+ * A region before its first fine burst: its frames at its coarse rate shared among them
+ * (vt_share_code), a THP's unit as a measured one's, with the process's spread.
+ */
+static void vt_pub_unmeasured(struct vt_pub *p, const struct vt_mm *vm, const struct vt_region *r,
+			      bool young)
+{
+	unsigned int i, share;
+
+	if (r->flags & VT_R_THP) {
+		share = vt_share_code(r->crate, VT_REGION_FRAMES);
+		if ((r->unit & VT_F_PRESENT) && share)
+			vt_pub_one(p, r->unit, (s64)share + vm->spread, true, young);
+		return;
+	}
+	share = vt_share_code(r->crate, r->present);
+	if (!r->frames || !share)
+		return;
+	for (i = 0; i < VT_REGION_FRAMES; i++)
+		if (r->frames[i] & VT_F_PRESENT)
+			vt_pub_one(p, r->frames[i], share, false, young);
+}
+
 static void vt_pub_pass(struct vt_tracker *tr, struct vt_pub *p)
 {
 	struct vt_table *t = &tr->table;
 	struct vt_mm *vm = NULL;
 	u64 tracked = 0, dnd = 0;
+	/* a region's rate bounds its frames' from above below this (vt_published_code) */
+	unsigned int wc_fast = vt_fast_code(div_u64(tr->wc_ns, NSEC_PER_USEC));
 
 	while ((vm = vt_mm_next(t, vm))) {
 		unsigned long idx = 0;
@@ -418,12 +626,14 @@ static void vt_pub_pass(struct vt_tracker *tr, struct vt_pub *p)
 		for (; vt_region_next(t, vm, &idx); idx++) {
 			struct vt_region *r = vt_region_get(t, vm, idx, false);
 			bool young = r->flags & VT_R_YOUNG;
-			s64 follow;
-			unsigned int i;
+			s64 follow, share;
 
-			if ((s16)(tr->cperiod - r->cstamp) > VT_STALE_PERIODS ||
-			    !(r->flags & VT_R_MEASURED))
+			if ((s16)(tr->cperiod - r->cstamp) > VT_STALE_PERIODS)
 				continue;
+			if (!(r->flags & VT_R_MEASURED)) {
+				vt_pub_unmeasured(p, vm, r, young);
+				continue;
+			}
 			tracked += r->present;
 			follow = vt_follow(tr, r);
 			if (follow == VT_REGION_IDLE)
@@ -432,24 +642,19 @@ static void vt_pub_pass(struct vt_tracker *tr, struct vt_pub *p)
 				u64 u = r->unit;
 				unsigned int rate = FIELD_GET(VT_F_RATE, u);
 
-				if ((u & VT_F_PRESENT) && rate)
-					vt_pub_one(p, u, (s64)rate + vm->spread - VT_SPREAD_MAX + follow,
+				share = vt_share_code(r->crate, VT_REGION_FRAMES);
+				if (u & VT_F_PRESENT)
+					vt_pub_one(p, u, vt_published_code(rate, vm->spread - VT_SPREAD_MAX +
+									   follow, r->crate, wc_fast,
+									   share ? share + vm->spread : 0),
 						   true, young);
 				continue;
 			}
 			if (!r->frames)
 				continue;
-			for (i = 0; i < VT_REGION_FRAMES; i++) {
-				u64 f = r->frames[i];
-				unsigned int rate = FIELD_GET(VT_F_RATE, f);
-
-				if (!(f & VT_F_PRESENT))
-					continue;
-				if (FIELD_GET(VT_F_SKIP, f))
-					dnd++;
-				if (rate)
-					vt_pub_one(p, f, (s64)rate + follow, false, young);
-			}
+			/* its frames together are at least the region: each at least its share */
+			share = vt_share_code(r->crate, r->present);
+			vt_pub_frames(p, r, follow, wc_fast, share, young, &dnd);
 		}
 	}
 	if (!p->write) {
@@ -459,6 +664,26 @@ static void vt_pub_pass(struct vt_tracker *tr, struct vt_pub *p)
 	}
 }
 
+
+/*
+ * The level scratch for every region with frame words, grown as they grow (by an eighth beyond
+ * what is needed, so that it is not grown every round); NULL when memory is short, and
+ * publication computes levels in both passes.
+ */
+static u8 *vt_pub_levels(struct vt_tracker *tr, u64 *n)
+{
+	u64 need = tr->table.frame_arrays * VT_REGION_FRAMES;
+
+	if (need > tr->pub_levels_n) {
+		kvfree(tr->pub_levels);
+		tr->pub_levels_n = need + need / 8;
+		tr->pub_levels = kvmalloc(tr->pub_levels_n, GFP_KERNEL | __GFP_NOWARN);
+		if (!tr->pub_levels)
+			tr->pub_levels_n = 0;
+	}
+	*n = tr->pub_levels_n;
+	return tr->pub_levels;
+}
 
 /*
  * Publish every frame's rate level, hottest first: a counting sort straight into the channel
@@ -476,15 +701,20 @@ void vt_publish(struct vt_tracker *tr, struct vtism_ch_header *h, u64 budget,
 
 	memset(res, 0, sizeof(*res));
 	memset(tr->pub_hist, 0, sizeof(tr->pub_hist));
+	p.levels = vt_pub_levels(tr, &p.nlevels);
 	vt_pub_pass(tr, &p);
+	p.low = 1;
 	for (l = 255; l > 0; l--) {
 		p.off[l] = pos;
+		if (pos < budget)
+			p.low = l;
 		pos += p.hist[l];
 	}
 	res->written = min(res->candidates, budget);
 
 	seq = vtism_ch_begin_round(h);
 	p.write = true;
+	p.k = 0;
 	if (res->written)
 		vt_pub_pass(tr, &p);
 	meta.count = res->written;

@@ -10,8 +10,9 @@
  * Prints ns per call, the median of 11 runs of 4 Mi calls each, for a region's coarse window
  * (young: the rate arithmetic; not young: a move in the code domain), a frame's fine burst (with
  * young windows: the long window of 3 s and 4 of 30 ms; without: the region's sum of code
- * moves), and the level of a code (publication). Rates are drawn uniformly over codes
- * 1408-3071 (2^-10 to 2^16 Hz).
+ * moves), the level of a code (publication) and change detection's step for a short window.
+ * Rates are drawn uniformly over codes 1408-3071 (2^-10 to 2^16 Hz). Then publication's passes
+ * over a 16 GiB guest's frame words, ns per frame slot (pub_run).
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,26 +20,21 @@
 #include <stdlib.h>
 #include <time.h>
 
-typedef uint64_t u64;
-typedef int64_t s64;
-typedef uint32_t u32;
-static inline int fls64(u64 x) { return x ? 64 - __builtin_clzll(x) : 0; }
-#define min_t(t, a, b) ((t)(a) < (t)(b) ? (t)(a) : (t)(b))
-#define max_t(t, a, b) ((t)(a) > (t)(b) ? (t)(a) : (t)(b))
-#define clamp_t(t, v, lo, hi) min_t(t, max_t(t, v, lo), hi)
-#define S64_MIN INT64_MIN
-#define min(a, b) ((a) < (b) ? (a) : (b))
-#define VT_RATE_USERSPACE
+#include "../module/vtism_rate_user.h"
 #include "../module/vtism_rate.c"
 
 #define CALLS (1u << 22)
 #define RUNS 11
 
+/*
+ * The thread's CPU time, not the wall clock: on a shared machine the wall clock also counts the
+ * slices other processes ran in (the first figures, taken at load 6-9, were 4x too high).
+ */
 static double now_ns(void)
 {
 	struct timespec t;
 
-	clock_gettime(CLOCK_MONOTONIC, &t);
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
 	return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
@@ -50,6 +46,7 @@ static int cmp(const void *a, const void *b)
 }
 
 static volatile unsigned int sink;
+static u16 sums[2];	/* change detection's, carried from call to call */
 
 /* codes and young bits drawn once, so the loop measures the arithmetic, not the generator */
 static unsigned int codes[4096];
@@ -81,19 +78,113 @@ static double run(int what)
 		case 3:	/* a fine burst that saw nothing (its 5 windows' codes summed once per region) */
 			acc += vt_code_moved(c, -12000, i);
 			break;
-		default:
+		case 4:
 			acc += vt_level_of_code((s64)c + (y & 63) - 32);
+			break;
+		case 5:	/* change detection, a short coarse window, young */
+			acc += vt_change_step(c, -9 * 65536, true, i, &sums[0], &sums[1]);
+			break;
+		default:	/* change detection, a short coarse window, not young */
+			acc += vt_change_step(c, -9 * 65536, false, i, &sums[0], &sums[1]);
 		}
 	}
 	sink = acc;
 	return (now_ns() - t0) / CALLS;
 }
 
+/*
+ * Publication (vtism_track.c, vt_pub_frames) over the frame words of a 16 GiB guest: 8192
+ * regions of 512 words, 90% present, rates over the whole scale, the region's follow, rate and
+ * share as publication finds them. Passes, ns per frame slot:
+ *  - count: read the word, its published code and level, the histogram (pass 1 before the
+ *    level scratch, and pass 2's work before it too but for the entry);
+ *  - count, keeping the level: the same, the level stored in the scratch (pass 1 now);
+ *  - write computing levels: the word read, its level, the entry stored in its level's slot
+ *    (pass 2 before the scratch);
+ *  - write from the scratch: the level read back, and for those at or above `low` the word
+ *    read and the entry stored (pass 2 now), with every level written and with none (every
+ *    level past the budget: the check alone).
+ */
+#define PUB_REGIONS 8192
+#define PUB_FRAMES (PUB_REGIONS * 512u)
+
+static u64 *pub_words, *pub_entries;
+static u8 *pub_levels;
+static u64 pub_hist[256], pub_off[256];
+
+static void pub_init(void)
+{
+	unsigned int i;
+
+	pub_words = malloc(PUB_FRAMES * sizeof(u64));
+	pub_entries = malloc(PUB_FRAMES * sizeof(u64));
+	pub_levels = malloc(PUB_FRAMES);
+	for (i = 0; i < PUB_FRAMES; i++)
+		pub_words[i] = (rand() % 10 ? 1ull << 62 : 0) | ((u64)(1408 + rand() % 1664) << 40) | i;
+}
+
+static double pub_run(int what, unsigned int low)
+{
+	double t0 = now_ns();
+	unsigned int r, i;
+	u64 acc = 0;
+
+	for (r = 0; r < PUB_REGIONS; r++) {
+		const u64 *w = pub_words + r * 512u;
+		u8 *lv = pub_levels + r * 512u;
+		unsigned int crate = 2600 + (r & 255), wc_fast = 2500;
+		s64 follow = (s64)(r & 63) - 32, share = vt_share_code(crate, 460);
+
+		for (i = 0; i < 512; i++) {
+			unsigned int level;
+			s64 code;
+			u64 f;
+
+			if (what == 2) {
+				level = lv[i];
+				if (level >= low && level)
+					pub_entries[pub_off[level]++ & (PUB_FRAMES - 1)] =
+						(w[i] & ((1ull << 40) - 1)) << 12 | level;
+				continue;
+			}
+			f = w[i];
+			if (!(f & (1ull << 62))) {
+				if (what == 1)
+					lv[i] = 0;
+				continue;
+			}
+			code = vt_published_code((f >> 40) & 4095, follow, crate, wc_fast, share);
+			level = code > 0 ? vt_level_of_code(code) : 0;
+			if (what == 3) {	/* the write pass computing levels (before the scratch) */
+				if (level)
+					pub_entries[pub_off[level]++ & (PUB_FRAMES - 1)] =
+						(f & ((1ull << 40) - 1)) << 12 | level;
+				continue;
+			}
+			if (what == 1)
+				lv[i] = level;
+			pub_hist[level]++;
+		}
+	}
+	for (i = 0; i < 256; i++)
+		acc += pub_hist[i];
+	sink = acc;
+	return (now_ns() - t0) / PUB_FRAMES;
+}
+
 int main(void)
 {
 	static const char *name[] = { "coarse window, young", "coarse window, not young",
 				      "fine burst, young windows (1 + 4)", "fine burst, nothing seen",
-				      "level of a code" };
+				      "level of a code", "change detection, young window",
+				      "change detection, idle window" };
+	static const char *pub_name[] = { "publication: count",
+					   "publication: count, keeping the level",
+					   "publication: write from the scratch, all",
+					   "publication: write computing levels",
+					   "publication: write from the scratch, none" };
+	static const int pub_what[] = { 0, 1, 2, 3, 2 };
+	static const unsigned int pub_low[] = { 1, 1, 1, 1, 256 };
 	double t[RUNS];
 	int w, r;
 
@@ -102,12 +193,21 @@ int main(void)
 		codes[r] = 1408 + rand() % 1664;
 		young[r] = rand();
 	}
-	for (w = 0; w < 5; w++) {
+	for (w = 0; w < 7; w++) {
 		for (r = 0; r < RUNS; r++)
 			t[r] = run(w);
 		qsort(t, RUNS, sizeof(t[0]), cmp);
 		printf("%-42s %6.1f ns per call (median of %d x %u; min %.1f, max %.1f)\n", name[w],
 		       t[RUNS / 2], RUNS, CALLS, t[0], t[RUNS - 1]);
+	}
+	pub_init();
+	pub_run(1, 1);	/* levels in the scratch for the write passes */
+	for (w = 0; w < 5; w++) {
+		for (r = 0; r < RUNS; r++)
+			t[r] = pub_run(pub_what[w], pub_low[w]);
+		qsort(t, RUNS, sizeof(t[0]), cmp);
+		printf("%-42s %6.2f ns per frame slot (median of %d x %u; min %.2f, max %.2f)\n",
+		       pub_name[w], t[RUNS / 2], RUNS, PUB_FRAMES, t[0], t[RUNS - 1]);
 	}
 	return 0;
 }

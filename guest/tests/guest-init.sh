@@ -163,6 +163,17 @@ stats budget1
 echo "$b0" >$P/cpu_budget_bp
 wait_rounds 3 60
 
+# ---- a bank (credit_bank_ms of budget) smaller than one region's burst, as a slow or contended
+# vCPU makes any bank: fine bursts must go on, their passes paid as credit comes ----
+echo 1 >$P/credit_bank_ms
+wait_rounds 1 60
+stats bank-tiny-start
+sleep 15
+wait_rounds 1 60
+stats bank-tiny
+echo 1000 >$P/credit_bank_ms
+wait_rounds 2 60
+
 # ---- host feedback: the host sets entry_budget and min_interval_ms on this marker ----
 phase feedback-request
 if wait_stat feedback_entry_budget 64 60; then

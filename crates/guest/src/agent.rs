@@ -4,7 +4,7 @@
 use crate::confirm::{self, Confirm};
 use crate::damon::{Attrs, Busy, Kdamond, Region, Start};
 use crate::frames::Frames;
-use crate::intervals::{self, Intervals, Limit, LoopParams, Observation};
+use crate::intervals::{self, CommitAllowance, Intervals, Limit, LoopParams, Observation};
 use crate::kpageflags::KpageFlags;
 use crate::{cpu, iomem, pci};
 use anyhow::{bail, Context, Result};
@@ -89,6 +89,14 @@ pub struct Stats {
     pub elapsed_us: u64,
     /// Time spent waiting for DAMON to be free, ms.
     pub waited_ms: u64,
+    /// The agent's CPU since DAMON started by what it did, µs: reading DAMON's regions, turning
+    /// them into frame rates (and ranking them), publishing, and committing DAMON's settings.
+    pub regions_cpu_us: u64,
+    pub observe_cpu_us: u64,
+    pub publish_cpu_us: u64,
+    pub commit_cpu_us: u64,
+    /// Rounds in which confirming frames waited for the CPU budget (`CommitAllowance`).
+    pub confirm_deferred: u64,
 }
 
 impl Stats {
@@ -119,6 +127,11 @@ impl Stats {
             last_tracker_cpu_us,
             elapsed_us,
             waited_ms,
+            regions_cpu_us,
+            observe_cpu_us,
+            publish_cpu_us,
+            commit_cpu_us,
+            confirm_deferred,
         } = self;
         [
             ("rounds", rounds),
@@ -145,6 +158,11 @@ impl Stats {
             ("last_tracker_cpu_us", last_tracker_cpu_us),
             ("elapsed_us", elapsed_us),
             ("waited_ms", waited_ms),
+            ("regions_cpu_us", regions_cpu_us),
+            ("observe_cpu_us", observe_cpu_us),
+            ("publish_cpu_us", publish_cpu_us),
+            ("commit_cpu_us", commit_cpu_us),
+            ("confirm_deferred", confirm_deferred),
         ]
         .iter()
         .map(|(n, v)| format!("{n} {v}\n"))
@@ -428,8 +446,10 @@ fn track<R: SharedRegion>(
     let mut last = start;
     // kdamond CPU per sample, smoothed over rounds
     let mut per_sample_us = 0.0f64;
+    let mut allowance = CommitAllowance::default();
     let mut rounds = 0u64;
     while !stopped() && (cfg.rounds == 0 || rounds < cfg.rounds) {
+        let regions_start = cpu::own_cpu_ns();
         let regions = match kd.tried_regions() {
             Ok(r) => r,
             Err(_) if stopped() => break,
@@ -439,6 +459,7 @@ fn track<R: SharedRegion>(
             Err(e) => return Err(e),
         };
         let round_start_own = cpu::own_cpu_ns();
+        stats.regions_cpu_us += round_start_own.saturating_sub(regions_start) / 1000;
         let samples = iv.samples();
         let observed = frames.observe(&regions, samples as u32, flags)?;
         let share = access_share(&regions, samples, monitored);
@@ -452,6 +473,8 @@ fn track<R: SharedRegion>(
             entries.truncate(cfg.max_entries as usize);
             overflow = true;
         }
+        let publish_start = cpu::own_cpu_ns();
+        stats.observe_cpu_us += publish_start.saturating_sub(round_start_own) / 1000;
         let now = Clock::read(cfg, pid, Some(last));
         let elapsed_us = now.now_ns.saturating_sub(last.now_ns) / 1000;
         let kd_us = now.kdamond_ns.saturating_sub(last.kdamond_ns) / 1000;
@@ -469,7 +492,9 @@ fn track<R: SharedRegion>(
                 tracker_report: tracker_report(*iv, windows, kd_us + own_us, frames.tracked()),
             },
         )?;
-        let round_own_us = cpu::own_cpu_ns().saturating_sub(round_start_own) / 1000;
+        let commit_start = cpu::own_cpu_ns();
+        stats.publish_cpu_us += commit_start.saturating_sub(publish_start) / 1000;
+        let round_own_us = commit_start.saturating_sub(round_start_own) / 1000;
         rounds += 1;
 
         if windows > 0 {
@@ -493,8 +518,16 @@ fn track<R: SharedRegion>(
             },
         );
         let mut commit = false;
-        if let Some(units) = confirm.update(&frames) {
-            kd.write_regions(&confirm::layout(ranges, &units))?;
+        allowance.round(p.cpu_budget, elapsed_us, kd_us + own_us);
+        let confirm_units = match allowance.allows() {
+            true => confirm.update(&frames),
+            false => {
+                stats.confirm_deferred += 1;
+                None
+            }
+        };
+        if let Some(units) = &confirm_units {
+            kd.write_regions(&confirm::layout(ranges, units))?;
             commit = true;
         }
         // the host's floor is honoured at once; other moves when worth the delay, or when the
@@ -516,6 +549,11 @@ fn track<R: SharedRegion>(
                 Err(_) if stopped() => break,
                 Err(e) => return Err(e),
             }
+        }
+        let commit_us = cpu::own_cpu_ns().saturating_sub(commit_start) / 1000;
+        stats.commit_cpu_us += commit_us;
+        if confirm_units.is_some() {
+            allowance.committed(commit_us);
         }
         let total = Clock::read(cfg, pid, Some(now));
         stats.rounds = published.round;

@@ -219,21 +219,21 @@ mod tests {
         }
         let mut f = Frames::new(2.0, 1 << 20);
         let mut c = Confirm::new(8, ADMIT_SHARE);
-        let obs = |f: &mut Frames, r: &[Region]| f.observe(r, 5, &fl).unwrap();
+        let obs = |f: &mut Frames, r: &[Region]| f.observe(r, 12, &fl).unwrap();
         // windows of 2 s (1 Hz is a share of 0.86): admitted at half; young in every window of
-        // an aggregation of 5: half way after 4 aggregations
-        obs(&mut f, &[region(0, 4, 5)]);
+        // an aggregation of 12: half way after 4 aggregations
+        obs(&mut f, &[region(0, 4, 12)]);
         assert_eq!(c.update(&f), None, "one aggregation: not yet");
         for _ in 0..3 {
-            obs(&mut f, &[region(0, 4, 5), region(10, 10, 1)]);
+            obs(&mut f, &[region(0, 4, 12), region(10, 10, 1)]);
         }
         let v = c.update(&f).unwrap();
         assert_eq!(v, vec![(0, false), (1, false), (2, false), (3, false)]);
-        obs(&mut f, &[region(0, 4, 5), region(10, 10, 1)]);
+        obs(&mut f, &[region(0, 4, 12), region(10, 10, 1)]);
         assert_eq!(c.update(&f), None, "nothing new: no commit");
         // 10 more frames young in every window: 4 fit
         for _ in 0..5 {
-            obs(&mut f, &[region(0, 4, 5), region(10, 10, 5)]);
+            obs(&mut f, &[region(0, 4, 12), region(10, 10, 12)]);
         }
         let v = c.update(&f).unwrap();
         assert_eq!(v.len(), 8);
@@ -242,14 +242,14 @@ mod tests {
         for _ in 0..5 {
             obs(
                 &mut f,
-                &[region(0, 4, 5), region(10, 10, 5), region(30, 2, 5)],
+                &[region(0, 4, 12), region(10, 10, 12), region(30, 2, 12)],
             );
         }
         assert_eq!(c.update(&f), None, "full, newcomers not clearly higher");
         assert_eq!(c.commits(), 2);
         // the confirmed frames cool down: their shares end and the newcomers take their places
-        for _ in 0..20 {
-            obs(&mut f, &[region(30, 2, 5)]);
+        for _ in 0..30 {
+            obs(&mut f, &[region(30, 2, 12)]);
         }
         let v = c.update(&f).unwrap();
         assert!(
@@ -261,7 +261,7 @@ mod tests {
         // windows of 100 ms: a frame young in 20% of them (2.2 Hz) is admitted below half
         let mut f = Frames::new(0.1, 1 << 20);
         let mut c = Confirm::new(8, ADMIT_SHARE);
-        for _ in 0..6 {
+        for _ in 0..15 {
             f.observe(&[region(40, 1, 1)], 5, &fl).unwrap();
         }
         assert!(f.share(40) < 0.5);

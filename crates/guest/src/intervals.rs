@@ -12,6 +12,12 @@
 //! keeps it within three quarters of the budget; and a round (one read of DAMON's regions,
 //! published) comes no more often than keeps the agent's own work within a quarter of it.
 //!
+//! Committing a new layout of confirmed frames to DAMON is the agent's most expensive step
+//! (thousands of sysfs region files: 0.7-1.5 s of CPU each under TCG, more than half of the
+//! agent's CPU while the DAMON e2e's frames were being confirmed), and it comes when frames cross
+//! 1 Hz, not on a clock. So it is paid from
+//! what the kdamond and the rest of the agent leave of the whole budget ([`CommitAllowance`]).
+//!
 //! A round spans [`AGGREGATIONS_PER_ROUND`] aggregations: in 6.12 `update_schemes_tried_regions`
 //! starts collecting at the end of one aggregation and returns at the end of the next (measured:
 //! 1.1 s per read with 0.5 s aggregations). An aggregation holds at least `aggr_samples_min`
@@ -175,9 +181,85 @@ pub fn worth_commit(cur: Intervals, next: Intervals) -> bool {
     moved(cur.sample_us, next.sample_us) || moved(cur.aggr_us, next.aggr_us)
 }
 
+/// What the budget leaves for committing confirmed frames: a balance, in µs of CPU, that each
+/// round credits with the budget's share of the time it took and debits with what the kdamond
+/// and the agent spent in it (commits included). A commit may start while the balance is not
+/// negative; the rounds after it repay it. The balance is capped at two commits' cost, so a quiet
+/// spell does not buy a burst of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommitAllowance {
+    balance_us: f64,
+    /// A commit's CPU, smoothed.
+    commit_us: f64,
+}
+
+/// The least cap on the balance, µs, before a commit has been measured.
+const ALLOWANCE_CAP_MIN_US: f64 = 100_000.0;
+
+impl CommitAllowance {
+    /// After a round of `elapsed_us` in which the kdamond and the agent spent `spent_us`.
+    pub fn round(&mut self, budget: f64, elapsed_us: u64, spent_us: u64) {
+        let cap = (2.0 * self.commit_us).max(ALLOWANCE_CAP_MIN_US);
+        self.balance_us = (self.balance_us + budget * elapsed_us as f64 - spent_us as f64).min(cap);
+    }
+
+    pub fn allows(&self) -> bool {
+        self.balance_us >= 0.0
+    }
+
+    /// A commit ran and took `cost_us` of the agent's CPU (which the next round debits).
+    pub fn committed(&mut self, cost_us: u64) {
+        let c = cost_us as f64;
+        self.commit_us = if self.commit_us == 0.0 {
+            c
+        } else {
+            0.5 * (self.commit_us + c)
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Commits paid from what is left: with the kdamond and the rounds at 14% of a 20% budget
+    /// and commits of 1.5 s, the whole stays within the budget over a long run, and commits come
+    /// as often as the remaining 6% pays for (one every 25 s of 10 s rounds).
+    #[test]
+    fn commits_are_paid_from_what_the_budget_leaves() {
+        let (budget, round_us, base_us, commit_us) = (0.2, 10_000_000u64, 1_400_000u64, 1_500_000);
+        let mut a = CommitAllowance::default();
+        let (mut spent, mut commits, mut owed) = (0u64, 0u64, 0u64);
+        let rounds = 1000;
+        for _ in 0..rounds {
+            // the last round's commit is spent in this one
+            let s = base_us + std::mem::take(&mut owed);
+            spent += s;
+            a.round(budget, round_us, s);
+            if a.allows() {
+                a.committed(commit_us);
+                owed = commit_us;
+                commits += 1;
+            }
+        }
+        let share = spent as f64 / (rounds * round_us) as f64;
+        assert!(share <= budget * 1.01, "{share}");
+        let every_s = (rounds * round_us) as f64 / 1e6 / commits as f64;
+        assert!(
+            (20.0..=30.0).contains(&every_s),
+            "a commit every {every_s} s"
+        );
+        // nothing left when the rest spends the budget: no commits after the first
+        let mut a = CommitAllowance::default();
+        a.round(budget, round_us, 2_000_000);
+        assert!(a.allows());
+        a.committed(commit_us);
+        a.round(budget, round_us, 2_000_000 + commit_us);
+        for _ in 0..100 {
+            assert!(!a.allows());
+            a.round(budget, round_us, 2_000_000);
+        }
+    }
 
     fn params() -> LoopParams {
         LoopParams {

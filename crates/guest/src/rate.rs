@@ -14,10 +14,14 @@ pub const SHARE_MAX: f64 = 1.0 - 1.0 / 256.0;
 /// up, 1/4 down) ranks hot regions, but applied to a frame's windows it biases the rate of a
 /// frame used at an intermediate rate far down: in the e2e, warm pages used at 0.5 Hz were
 /// published at a median of 0.12 Hz (level 47 instead of 80). Symmetric, a frame's share is an
-/// average of about the last 47 windows; at 1/8 (the design's fine weight) it would average
-/// only 15, and 9% of 0.5 Hz pages would show 1 Hz or more at the window the loop keeps in the
-/// e2e (0.3 s, 10 samples per aggregation), against 1-2% at 1/24 (simulated).
-const WEIGHT: f64 = 1.0 / 24.0;
+/// average of about the last 127 windows. A frame's windows are its region's samples, so the
+/// frames of a region cross a threshold together: at 1/24 (about 47 windows, one aggregation in
+/// the e2e) 1% of 0.5 Hz pages showed 1 Hz or more on average, but a whole warm region at a
+/// time, and the DAMON e2e's precision fell to 0.84-0.87 in some rounds (2026-11-27). At 1/64 the
+/// share's deviation is 0.030 instead of 0.050 at the e2e's window (1 Hz is 4 deviations above
+/// 0.5 Hz instead of 2.4); a frame that turns hot crosses 1 Hz after about 17 windows instead
+/// of 7 (docs/guest.md, "Rates from DAMON's samples").
+const WEIGHT: f64 = 1.0 / 64.0;
 
 /// Frames per 2 MiB unit.
 pub const UNIT_FRAMES: f64 = 512.0;
@@ -133,30 +137,30 @@ mod tests {
     }
 
     #[test]
-    fn blend_averages_about_47_windows() {
-        // one window moves the share by 1/24, up and down
-        assert!(close(blend(0.0, 1.0, 1.0), 1.0 / 24.0, 1e-12));
-        assert!(close(blend(1.0, 0.0, 1.0), 23.0 / 24.0, 1e-12));
+    fn blend_averages_about_127_windows() {
+        // one window moves the share by 1/64, up and down
+        assert!(close(blend(0.0, 1.0, 1.0), 1.0 / 64.0, 1e-12));
+        assert!(close(blend(1.0, 0.0, 1.0), 63.0 / 64.0, 1e-12));
         // an aggregation of 5 samples is five windows
         let mut s = 0.0;
         for _ in 0..5 {
             s = blend(s, 1.0, 1.0);
         }
         assert!(close(blend(0.0, 1.0, 5.0), s, 1e-12));
-        // young in every window: half way after 17 windows, and back below half after 17
+        // young in every window: half way after 45 windows, and back below half after 45
         let mut s = 0.0;
         let mut n = 0;
         while s < 0.5 {
             s = blend(s, 1.0, 1.0);
             n += 1;
         }
-        assert_eq!(n, 17);
+        assert_eq!(n, 45);
         let mut n = 0;
         while s >= 0.25 {
             s = blend(s, 0.0, 1.0);
             n += 1;
         }
-        assert_eq!(n, 17);
+        assert_eq!(n, 45);
         assert_eq!(blend(0.3, 0.3, 10.0), 0.3);
         // unbiased: a frame young in 13.5% of windows (0.5 Hz at 0.29 s) averages to 13.5%
         let mut s = 0.0;

@@ -259,6 +259,7 @@ pub fn run_one(
             setup.units[0],
             cfg.unit_bytes,
             crate::window_tracker::WindowParams::default(),
+            crate::window_tracker::seed_of(cfg.seed, 0),
         );
         tracker.trace = Some(w);
         pr.trackers[0] = Box::new(tracker);

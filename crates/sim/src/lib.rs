@@ -5,6 +5,8 @@
 //! - [`workload`]: seeded workload generators, as per-unit access shares over time.
 //! - [`trace`]: the recorded hint-stream format and its replay.
 //! - [`mechanism`]: what each tracking mechanism sees and costs.
+//! - [`rate`]: the guest module's rate arithmetic, its own C (guest/module/vtism_rate.c).
+//! - [`window_tracker`]: vtism's guest module as built, per placement unit.
 //! - [`policies`]: vtism, the bounds and the peers.
 //! - [`sim`]: the epoch loop, throughput model and plan execution.
 //! - [`report`]: comparison tables, CSV timelines, SVG plots and the Markdown report.
@@ -13,6 +15,7 @@ pub mod cli;
 pub mod mechanism;
 pub mod model;
 pub mod policies;
+pub mod rate;
 pub mod report;
 pub mod sim;
 pub mod svg;

@@ -48,8 +48,6 @@ pub struct MigrationModel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrackingModel {
-    /// Guest page-table scan time per GiB of recently accessed memory, ms (vtism notes: 4-5).
-    pub scan_ms_per_gib: f64,
     /// Wall time the VM loses per scan is `scan_slowdown_per_ms * Ts^2` ms for a scan of `Ts` ms
     /// (the seed found the slowdown grows about quadratically with scan time).
     pub scan_slowdown_per_ms: f64,
@@ -71,6 +69,35 @@ pub struct TrackingModel {
     /// a two-dimensional page walk. Measured, same bench.
     #[serde(default = "default_tlb_refill_us")]
     pub tlb_refill_us: f64,
+    /// The guest module's rate arithmetic, ns per call (guest/module/vtism_rate.c, measured by
+    /// guest/tests/bench_rate.c, docs/performance.md): a region's coarse window seen young; one
+    /// not seen young that computes its step; a code moved by a step already computed (an idle
+    /// region whose chunk shares the step, a frame whose burst saw nothing); a frame's burst
+    /// with young windows (the long one and 4 short).
+    #[serde(default = "default_coarse_young_ns")]
+    pub coarse_young_ns: f64,
+    #[serde(default = "default_coarse_idle_ns")]
+    pub coarse_idle_ns: f64,
+    #[serde(default = "default_code_move_ns")]
+    pub code_move_ns: f64,
+    #[serde(default = "default_burst_young_ns")]
+    pub burst_young_ns: f64,
+    /// Change detection's step for a short coarse window (vt_change_step), young and idle, ns.
+    /// Measured, same program.
+    #[serde(default = "default_change_young_ns")]
+    pub change_young_ns: f64,
+    #[serde(default = "default_change_idle_ns")]
+    pub change_idle_ns: f64,
+    /// Publication (vt_pub_frames), ns: the first pass per frame slot (its word read, its
+    /// published code and level computed and kept, the histogram counted); the second pass per
+    /// frame slot of a measured region (its level read back) and per entry written (the word
+    /// read, the entry stored). Measured, same program.
+    #[serde(default = "default_pub_count_ns")]
+    pub pub_count_ns: f64,
+    #[serde(default = "default_pub_check_ns")]
+    pub pub_check_ns: f64,
+    #[serde(default = "default_pub_write_ns")]
+    pub pub_write_ns: f64,
 }
 
 fn default_pte_read_ns() -> f64 {
@@ -81,18 +108,42 @@ fn default_pte_clear_ns() -> f64 {
     // tracker_costs pte_clear: 4.66 ns per entry.
     4.66
 }
+// bench_rate.c by the thread's CPU clock, the median of three runs' medians of 11 runs of 4 Mi
+// calls, idle machine (docs/performance.md, 2026-11-25).
+fn default_coarse_young_ns() -> f64 {
+    25.1
+}
+fn default_coarse_idle_ns() -> f64 {
+    7.6
+}
+fn default_code_move_ns() -> f64 {
+    1.6
+}
+fn default_burst_young_ns() -> f64 {
+    93.9
+}
+// bench_rate.c by the thread's CPU clock, the middle of three runs at load 1.3 (about 1.1x the
+// idle figures above for the same program's older items; not scaled: docs/performance.md,
+// 2026-11-27).
+fn default_change_young_ns() -> f64 {
+    21.2
+}
+fn default_change_idle_ns() -> f64 {
+    6.8
+}
+fn default_pub_count_ns() -> f64 {
+    4.8
+}
+fn default_pub_check_ns() -> f64 {
+    1.5
+}
+fn default_pub_write_ns() -> f64 {
+    2.1
+}
 fn default_tlb_refill_us() -> f64 {
     // tracker_costs: 512 L2 DTLB entries (cpuid 0x80000006) x 120 ns per walk (4 KiB against
     // 2 MiB pages, random loads over 256 MiB: 340 vs 220 ns per load).
     61.4
-}
-
-impl TrackingModel {
-    /// A young entry found and cleared, with the tracker's bookkeeping for it, ns: the seed's scan
-    /// time per GiB of accessed memory spread over its 4 KiB entries.
-    pub fn young_clear_ns(&self) -> f64 {
-        self.scan_ms_per_gib * 1e6 / (1u64 << 18) as f64
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -118,7 +169,6 @@ fn default_migration() -> MigrationModel {
 
 fn default_tracking() -> TrackingModel {
     TrackingModel {
-        scan_ms_per_gib: 4.4,
         // Calibrated so the adaptive interval with K=8, Kb=0 sits at the seed's 5% limit for large
         // scans (overhead -> k/K) and gives 0.3-2.5% at 1-5 GiB hot, as the seed measured.
         scan_slowdown_per_ms: 0.4,
@@ -130,6 +180,15 @@ fn default_tracking() -> TrackingModel {
         pte_read_ns: default_pte_read_ns(),
         pte_clear_ns: default_pte_clear_ns(),
         tlb_refill_us: default_tlb_refill_us(),
+        coarse_young_ns: default_coarse_young_ns(),
+        coarse_idle_ns: default_coarse_idle_ns(),
+        code_move_ns: default_code_move_ns(),
+        burst_young_ns: default_burst_young_ns(),
+        change_young_ns: default_change_young_ns(),
+        change_idle_ns: default_change_idle_ns(),
+        pub_count_ns: default_pub_count_ns(),
+        pub_check_ns: default_pub_check_ns(),
+        pub_write_ns: default_pub_write_ns(),
     }
 }
 
@@ -256,7 +315,6 @@ impl MemoryModel {
         }
         let t = &self.tracking;
         for (f, v) in [
-            ("scan_ms_per_gib", t.scan_ms_per_gib),
             ("scan_slowdown_per_ms", t.scan_slowdown_per_ms),
             ("hint_fault_us", t.hint_fault_us),
             ("pebs_sample_ns", t.pebs_sample_ns),
@@ -264,6 +322,15 @@ impl MemoryModel {
             ("pte_read_ns", t.pte_read_ns),
             ("pte_clear_ns", t.pte_clear_ns),
             ("tlb_refill_us", t.tlb_refill_us),
+            ("coarse_young_ns", t.coarse_young_ns),
+            ("coarse_idle_ns", t.coarse_idle_ns),
+            ("code_move_ns", t.code_move_ns),
+            ("burst_young_ns", t.burst_young_ns),
+            ("change_young_ns", t.change_young_ns),
+            ("change_idle_ns", t.change_idle_ns),
+            ("pub_count_ns", t.pub_count_ns),
+            ("pub_check_ns", t.pub_check_ns),
+            ("pub_write_ns", t.pub_write_ns),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 anyhow::bail!("tracking.{f}: must be a non-negative number, got {v}");

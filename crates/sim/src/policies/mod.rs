@@ -115,6 +115,7 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
             setup.units[i],
             cfg.unit_bytes,
             crate::window_tracker::WindowParams::default(),
+            crate::window_tracker::seed_of(cfg.seed, i),
         ))
     };
     use MoveMode::*;
