@@ -14,7 +14,8 @@ use vtism_proto::{CountMeaning, PageType};
 /// Bit layout of a frame's `u32`:
 /// `0..8` score, `8..16` stamp (round mod 256 of the last hint), `16..21` degree of the last
 /// hint (to merge duplicates within a round), `21..23` page type, `23` write, `24..30` node
-/// (63 = unknown), `30` head of a 2 MiB unit, `31` seen (stamp is meaningful).
+/// (63 = unknown), `30` head of a 2 MiB unit, `31` seen (stamp is meaningful). A frame not seen
+/// has score, stamp, degree and write 0 (`NEW`, `forget`): `DecayTable` relies on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[repr(transparent)]
 pub struct FrameState(pub u32);
@@ -29,6 +30,10 @@ const NODE_SHIFT: u32 = 24;
 const NODE_MASK: u32 = 0x3f;
 const HUGE_BIT: u32 = 1 << 30;
 const SEEN_BIT: u32 = 1 << 31;
+
+/// The bits `FrameState::forget` clears.
+const FORGOTTEN: u32 =
+    SEEN_BIT | SCORE_MASK | (0xff << STAMP_SHIFT) | (DEGREE_MASK << DEGREE_SHIFT) | WRITE_BIT;
 
 /// Node value for "placement unknown".
 pub const NODE_UNKNOWN: u8 = 63;
@@ -91,11 +96,7 @@ impl FrameState {
 
     /// Forget hotness (keep placement, page type and the 2 MiB marker).
     pub fn forget(&mut self) {
-        self.0 &= !(SEEN_BIT
-            | SCORE_MASK
-            | (0xff << STAMP_SHIFT)
-            | (DEGREE_MASK << DEGREE_SHIFT)
-            | WRITE_BIT);
+        self.0 &= !FORGOTTEN;
     }
 }
 
@@ -357,6 +358,18 @@ impl Tables {
             false
         }
     }
+
+    /// `maintain` on every frame of `frames`, in straight-line code the compiler makes vector
+    /// instructions (a round visits a 32nd of a VM's frames).
+    pub fn maintain_all(&self, frames: &mut [FrameState], round: u8) {
+        const _: () = assert!(FORGET_AGE == 0x80 && SEEN_BIT == 1 << 31);
+        for s in frames {
+            let age = (round as u32).wrapping_sub(s.0 >> STAMP_SHIFT);
+            // Seen, and the age (mod 256) at least `FORGET_AGE`: its bit 7.
+            let old = (s.0 >> 31) & (age >> 7);
+            s.0 &= !(old.wrapping_neg() & FORGOTTEN);
+        }
+    }
 }
 
 /// Ring slot of cold frames in a level histogram (`Tables::ring_slot` is `None`).
@@ -386,6 +399,8 @@ pub struct RoundHints<'t> {
     add: [u8; HINT_BITS],
     /// Rate levels: the ring slot of the new score.
     slot: [u8; HINT_BITS],
+    /// Rounds seen: the ring slot of a frame hinted this round, by its new score.
+    score_slot: [u8; 256],
     /// The seen bit and this round's stamp: a frame whose state has them was hinted this round.
     stamp_now: u32,
     /// `q * round` modulo the ring, where this round's levels start.
@@ -405,9 +420,13 @@ impl Tables {
             set: [0; HINT_BITS],
             add: [0; HINT_BITS],
             slot: [0; HINT_BITS],
+            score_slot: [0; 256],
             stamp_now,
             level_base,
         };
+        for (score, slot) in rh.score_slot.iter_mut().enumerate() {
+            *slot = ((self.logq[score] as u32 + level_base) % RING as u32) as u8;
+        }
         for h in 0..HINT_BITS {
             let e = vtism_proto::HintEntry((h as u64) << HINT_SHIFT);
             let deg = self.degree(meaning, e.count(), e.write());
@@ -437,6 +456,20 @@ impl<'t> RoundHints<'t> {
         self.tables
     }
 
+    /// What a hint with hint bits `h` (an entry's bits 40-50) does to a frame not hinted in the
+    /// round yet, as `fresh` does it: the bits of the frame's state it keeps, the bits it sets,
+    /// and (rounds seen) the degree it adds to the decayed score or (rate levels) the frame's
+    /// ring slot after it.
+    pub fn per_hint(&self, h: usize) -> (u32, u32, u8, u8) {
+        let h = h % HINT_BITS;
+        (self.keep[h], self.set[h], self.add[h], self.slot[h])
+    }
+
+    /// Rounds seen: the ring slot of a frame hinted this round, by its new score.
+    pub fn score_slots(&self) -> &[u8; 256] {
+        &self.score_slot
+    }
+
     /// An entry's hint on a frame (the entry's frame or one of its 2 MiB unit), as `Tables::hint`
     /// does it, with the frame's ring slot before (`COLD_SLOT` when cold) and after. `None` for a
     /// frame already hinted this round, whose duplicates merge in `Tables::hint`. `RATE`: the
@@ -446,7 +479,7 @@ impl<'t> RoundHints<'t> {
         &self,
         s: FrameState,
         entry: u64,
-    ) -> Option<(FrameState, usize, usize)> {
+    ) -> Option<(FrameState, u8, u8)> {
         let s = s.0;
         if s & (SEEN_BIT | (0xff << STAMP_SHIFT)) == self.stamp_now {
             return None;
@@ -462,16 +495,154 @@ impl<'t> RoundHints<'t> {
         let live = lq + (s >> 31) > decayed;
         let mask = (live as usize).wrapping_neg();
         let slot = (lq.wrapping_sub(decayed).wrapping_add(self.level_base) % RING as u32) as usize;
-        let before = (slot & mask) | (COLD_SLOT & !mask);
+        let before = ((slot & mask) | (COLD_SLOT & !mask)) as u8;
         let kept = (s & self.keep[h]) | self.set[h];
         if RATE {
-            return Some((FrameState(kept), before, self.slot[h] as usize));
+            return Some((FrameState(kept), before, self.slot[h]));
         }
         let eff = (score * self.decay[age as usize] as u32) >> 8;
         let new_score = (eff + self.add[h] as u32).min(255);
-        let slot =
-            ((self.logq[new_score as usize] as u32 + self.level_base) % RING as u32) as usize;
+        Some((
+            FrameState(kept | new_score),
+            before,
+            self.score_slot[new_score as usize % 256],
+        ))
+    }
+
+    /// Fills `d` for this round: per stamp and score of a seen frame, the ring slot (`COLD_SLOT`
+    /// when cold, `HINTED_NOW` when hinted this round) in the low byte and the score decayed to
+    /// this round in the high one, as `fresh` computes them. The cell of score and stamp 0 is
+    /// also where every frame not seen is (`decay_index`): cold with no score, what that seen
+    /// frame is, but in the one round in 256 whose stamp is 0 it marks them hinted, so that they
+    /// take `Tables::hint`, which tells them apart.
+    pub fn fill_decay_table(&self, d: &mut DecayTable) {
+        let now = (self.stamp_now >> STAMP_SHIFT) as u8;
+        for stamp in 0..=255u8 {
+            let age = now.wrapping_sub(stamp) as u32;
+            let decayed = self.q * age;
+            for score in 0..=255u8 {
+                let lq = self.logq[score as usize] as u32;
+                let slot = if age == 0 {
+                    HINTED_NOW
+                } else if lq >= decayed {
+                    ((lq - decayed + self.level_base) % RING as u32) as u16
+                } else {
+                    COLD_SLOT as u16
+                };
+                let eff = (score as u32 * self.decay[age as usize] as u32) >> 8;
+                let at = decay_index(FrameState(
+                    SEEN_BIT | ((stamp as u32) << STAMP_SHIFT) | score as u32,
+                ));
+                d.0[at] = slot | (eff as u16) << 8;
+            }
+        }
+    }
+
+    /// `fresh`, with the frame's slot and decayed score looked up in this round's `d`, for an
+    /// entry whose hint bits (40-50) are `hint`.
+    #[inline(always)]
+    pub fn fresh_looked_up<const RATE: bool>(
+        &self,
+        d: &[u16; DECAY_CELLS],
+        s: FrameState,
+        hint: usize,
+    ) -> Option<(FrameState, u8, u8)> {
+        let cell = d[decay_index(s)];
+        let before = cell as u8;
+        if before == HINTED_NOW as u8 {
+            return None;
+        }
+        let h = hint % HINT_BITS;
+        let kept = (s.0 & self.keep[h]) | self.set[h];
+        if RATE {
+            return Some((FrameState(kept), before, self.slot[h]));
+        }
+        let new_score = ((cell >> 8) as u32 + self.add[h] as u32).min(255);
+        let slot = self.score_slot[new_score as usize % 256];
         Some((FrameState(kept | new_score), before, slot))
+    }
+
+    /// A hint with hint bits `hint` on a frame hinted this round already, where `fresh_looked_up`
+    /// gives `None`: the hints merge as in `Tables::hint`, with the frame's ring slots before and
+    /// after (a frame hinted this round is at the level of its score). `None` for a frame not
+    /// seen (what `fresh_looked_up` also says of one in the round in 256 whose stamp is 0).
+    #[inline(always)]
+    pub fn merge_looked_up<const RATE: bool>(
+        &self,
+        s: FrameState,
+        hint: usize,
+    ) -> Option<(FrameState, u8, u8)> {
+        if !s.seen() {
+            return None;
+        }
+        debug_assert_eq!(s.0 & (SEEN_BIT | (0xff << STAMP_SHIFT)), self.stamp_now);
+        let set = self.set[hint % HINT_BITS];
+        let (deg, last) = ((set >> DEGREE_SHIFT) & DEGREE_MASK, s.last_degree());
+        let mut n = s.0;
+        if deg > last {
+            // Rate levels: `set` has the steady score of the degree.
+            let score = match RATE {
+                true => set & SCORE_MASK,
+                false => (s.score() as u32 + (deg - last)).min(255),
+            };
+            n = (n & !(SCORE_MASK | (DEGREE_MASK << DEGREE_SHIFT))) | score | (deg << DEGREE_SHIFT);
+        }
+        n |= set & WRITE_BIT;
+        if n & (3 << TYPE_SHIFT) == 0 {
+            n |= set & (3 << TYPE_SHIFT);
+        }
+        let after = FrameState(n);
+        let slot = |s: FrameState| self.score_slot[s.score() as usize];
+        Some((after, slot(s), slot(after)))
+    }
+}
+
+/// A frame's ring slot and decayed score as of one round, by its score and stamp
+/// (`decay_index`): what `RoundHints::fresh` computes from them, looked up instead. Built once per
+/// large round (`RoundHints::fill_decay_table`): 64 Ki cells, of which a round touches the few
+/// rows of the stamps its frames carry.
+pub struct DecayTable([u16; DECAY_CELLS]);
+
+pub const DECAY_CELLS: usize = 1 << 16;
+/// The slot byte of a cell whose frames were hinted this round already (their hints merge).
+const HINTED_NOW: u16 = 0xff;
+const _: () = assert!(COLD_SLOT < HINTED_NOW as usize);
+
+/// Where a frame's state is in a `DecayTable`: its score and stamp. The seen bit is not needed:
+/// a frame not seen has neither (`FrameState::NEW`, `FrameState::forget`), which is what a seen
+/// frame with neither has when it is cold, at any age but 0.
+#[inline(always)]
+fn decay_index(s: FrameState) -> usize {
+    debug_assert!(s.seen() || s.0 & 0xffff == 0, "{s:?}: not seen but scored");
+    s.0 as usize % DECAY_CELLS
+}
+
+impl DecayTable {
+    pub fn new() -> Self {
+        DecayTable([0; DECAY_CELLS])
+    }
+
+    pub fn cells(&self) -> &[u16; DECAY_CELLS] {
+        &self.0
+    }
+
+    /// A frame's ring slot (`COLD_SLOT` when cold) and score decayed to the table's round, before
+    /// a hint in that round, as `RoundHints::fresh` has them; `None` where `fresh_looked_up` is
+    /// `None` (a frame hinted in the round already).
+    #[inline(always)]
+    pub fn before(&self, s: FrameState) -> Option<(u8, u8)> {
+        let cell = self.0[decay_index(s)];
+        (cell as u8 != HINTED_NOW as u8).then_some((cell as u8, (cell >> 8) as u8))
+    }
+
+    pub const fn memory_bytes() -> usize {
+        DECAY_CELLS * 2
+    }
+}
+
+impl Default for DecayTable {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -600,7 +771,7 @@ mod tests {
     }
 
     #[test]
-    fn round_hints_do_what_hint_and_ring_slots_do() {
+    fn round_hints_and_decay_tables_do_what_hint_and_ring_slots_do() {
         let mut rng = crate::synth::Rng::new(7);
         let params = [
             EngineParams::default(),
@@ -615,18 +786,20 @@ mod tests {
                 ..Default::default()
             },
         ];
+        let mut decay = DecayTable::new();
         for p in &params {
             let t = Tables::new(p);
             for meaning in [CountMeaning::RoundsSeen, CountMeaning::RateLevel] {
                 for round in [0u64, 1, 5, 200, 255, 256, 1000, 70_001] {
                     let rh = t.round_hints(round, meaning);
+                    rh.fill_decay_table(&mut decay);
                     let r = round as u8;
                     for _ in 0..20_000 {
                         let mut s = FrameState(rng.next_u64() as u32);
                         if !s.seen() {
                             s.forget();
                         }
-                        if rng.chance(0.2) {
+                        if s.seen() && rng.chance(0.2) {
                             // Recently hinted frames: small ages, this round included.
                             s.0 = (s.0 & !(0xff << STAMP_SHIFT))
                                 | ((r.wrapping_sub(rng.below(4) as u8) as u32) << STAMP_SHIFT);
@@ -647,14 +820,45 @@ mod tests {
                         } else {
                             rh.fresh::<false>(s, e)
                         };
+                        // The same, looked up in the round's decay table: but a frame not seen
+                        // is taken for one hinted, and merged, in the round whose stamp is 0.
+                        let hint = (e >> HINT_SHIFT) as usize;
+                        let looked_up = if meaning == CountMeaning::RateLevel {
+                            rh.fresh_looked_up::<true>(decay.cells(), s, hint)
+                        } else {
+                            rh.fresh_looked_up::<false>(decay.cells(), s, hint)
+                        };
+                        assert_eq!(
+                            decay.before(s).map(|(slot, _)| slot),
+                            looked_up.map(|(_, from, _)| from),
+                            "{s:?} round {round}"
+                        );
+                        if !s.seen() && r == 0 {
+                            assert_eq!(looked_up, None, "{s:?} round {round}");
+                        } else {
+                            assert_eq!(looked_up, got, "{s:?} {e:#x} round {round} {meaning:?}");
+                        }
                         if s.seen() && s.stamp() == r {
                             assert_eq!(got, None, "{s:?} hinted this round");
+                            let merged = if meaning == CountMeaning::RateLevel {
+                                rh.merge_looked_up::<true>(s, (e >> HINT_SHIFT) as usize)
+                            } else {
+                                rh.merge_looked_up::<false>(s, (e >> HINT_SHIFT) as usize)
+                            };
+                            let (after, from, to) = merged.expect("a frame seen");
+                            assert_eq!(after, want, "{s:?} {e:#x} round {round} {meaning:?}");
+                            assert_eq!(from as usize, t.ring_slot(s, round).unwrap(), "{s:?}");
+                            assert_eq!(to as usize, t.ring_slot_fresh(want, round), "{want:?}");
                             continue;
                         }
                         let (after, from, to) = got.expect("a frame not hinted this round");
                         assert_eq!(after, want, "{s:?} {e:#x} round {round} {meaning:?}");
-                        assert_eq!(from, t.ring_slot(s, round).unwrap_or(COLD_SLOT), "{s:?}");
-                        assert_eq!(to, t.ring_slot_fresh(want, round), "{want:?}");
+                        assert_eq!(
+                            from as usize,
+                            t.ring_slot(s, round).unwrap_or(COLD_SLOT),
+                            "{s:?}"
+                        );
+                        assert_eq!(to as usize, t.ring_slot_fresh(want, round), "{want:?}");
                     }
                 }
             }
@@ -844,6 +1048,19 @@ mod tests {
         assert!(t.maintain(&mut far, FORGET_AGE));
         assert!(!far.seen());
         assert_eq!(t.key(far, 0), 1);
+        // Over many frames at once, the same.
+        let mut rng = crate::synth::Rng::new(3);
+        let mut frames: Vec<FrameState> = (0..4096)
+            .map(|_| FrameState(rng.next_u64() as u32))
+            .collect();
+        for round in [0u8, 1, 100, 127, 128, 200, 255] {
+            let mut want = frames.clone();
+            for s in &mut want {
+                t.maintain(s, round);
+            }
+            t.maintain_all(&mut frames, round);
+            assert_eq!(frames, want, "round {round}");
+        }
         assert_eq!(t.key(s, FORGET_AGE), 1, "cold long before it is forgotten");
     }
 }

@@ -17,7 +17,7 @@ use crate::placement::{Coalescer, PlacementRun};
 use crate::plan::{Move, Plan};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
 use crate::pool::{FastPool, PoolError, PoolParams, QuotaChange, VmLimits};
-use crate::types::{Nanos, VmId};
+use crate::types::{Nanos, NodeId, VmId};
 use crate::vtism::{VmSummary, VtismPolicy};
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -135,6 +135,17 @@ impl Tiering {
             return Err(e.into());
         }
         self.specs.insert(spec.id, spec);
+        Ok(())
+    }
+
+    /// A VM's vCPUs moved to another node: it keeps its hotness, placement and quota; only where
+    /// later plans promote and demote to changes. Nothing changes on an error.
+    pub fn set_home(&mut self, vm: VmId, home: Option<NodeId>) -> Result<(), RoundError> {
+        let Some(spec) = self.specs.get_mut(&vm) else {
+            return Err(EngineError::UnknownVm(vm).into());
+        };
+        self.engine.set_home_node(vm, home)?;
+        spec.home_node = home;
         Ok(())
     }
 

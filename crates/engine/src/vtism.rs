@@ -1,5 +1,6 @@
 //! The vtism policy: guest hints -> hotness -> hot set per quota -> a phased plan.
 
+mod buckets;
 mod ingest;
 
 use crate::hotness::{
@@ -61,6 +62,11 @@ struct VmState {
     last_stats: VmPlanStats,
     /// The 2 MiB units hinted in the round being ingested (`ingest::UnitHint`).
     unit_hints: HashMap<usize, ingest::UnitHint>,
+    /// Entries each bucket has room for in the next large round (`buckets::Buckets::sort`).
+    bucket_room: Vec<u32>,
+    /// The last large round's entries came in long runs of one bucket, or there was none yet
+    /// (`ingest::VmState::bucket_shift`).
+    long_runs: bool,
 }
 
 impl VmState {
@@ -118,9 +124,7 @@ impl VmState {
         let r = self.round as u8;
         let start = self.maint_cursor.min(n);
         let end = (start + slice).min(n);
-        for s in &mut self.frames[start..end] {
-            t.maintain(s, r);
-        }
+        t.maintain_all(&mut self.frames[start..end], r);
         self.maint_cursor = if end >= n { 0 } else { end };
     }
 
@@ -192,7 +196,7 @@ pub struct VtismPolicy {
     hist_fast: Vec<u64>,
     hist_slow: Vec<u64>,
     /// A large hint round's entries sorted by where their frames are.
-    ingest_scratch: Vec<u64>,
+    ingest_scratch: ingest::IngestScratch,
 }
 
 impl VtismPolicy {
@@ -218,7 +222,7 @@ impl VtismPolicy {
             is_fast,
             hist_fast: vec![0; KEY_BUCKETS],
             hist_slow: vec![0; KEY_BUCKETS],
-            ingest_scratch: Vec::new(),
+            ingest_scratch: Default::default(),
         })
     }
 
@@ -227,6 +231,28 @@ impl VtismPolicy {
     }
     pub fn topology(&self) -> &Topology {
         &self.topology
+    }
+
+    /// The VM's vCPUs now run near `home`: later plans promote to the fast nodes nearest it and
+    /// demote to the slow nodes nearest it. Hotness and placement are kept: where the vCPUs run
+    /// says nothing about which frames are hot or where they are.
+    pub fn set_home_node(&mut self, vm: VmId, home: Option<NodeId>) -> Result<(), EngineError> {
+        self.check_home(home)?;
+        let p = self.vm_pos(vm)?;
+        let v = &mut self.vms[p];
+        if v.spec.home_node != home {
+            v.spec.home_node = home;
+            v.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// A home node must be a node of the topology.
+    fn check_home(&self, home: Option<NodeId>) -> Result<(), EngineError> {
+        match home {
+            Some(h) if self.topology.node(h).is_none() => Err(EngineError::UnknownNode(h)),
+            _ => Ok(()),
+        }
     }
 
     fn vm_pos(&self, vm: VmId) -> Result<usize, EngineError> {
@@ -384,14 +410,13 @@ impl VtismPolicy {
                     + v.huge_map.capacity() * 8
                     + v.spans.capacity() * std::mem::size_of::<Span>()
                     + v.hist.capacity() * 32
+                    + v.bucket_room.capacity() * 4
                     + std::mem::size_of::<VmState>()
             })
             .sum();
         frames
-            + (self.hist_fast.capacity()
-                + self.hist_slow.capacity()
-                + self.ingest_scratch.capacity())
-                * 8
+            + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
+            + self.ingest_scratch.memory_bytes()
     }
 
     /// Free frames per node for this plan: observed, or capacity minus what our VMs hold.
@@ -866,11 +891,7 @@ impl Policy for VtismPolicy {
                 frames,
             });
         }
-        if let Some(h) = spec.home_node {
-            if self.topology.node(h).is_none() {
-                return Err(EngineError::UnknownNode(h));
-            }
-        }
+        self.check_home(spec.home_node)?;
         let pos = match self.vms.binary_search_by_key(&spec.id, |v| v.spec.id) {
             Ok(_) => return Err(EngineError::DuplicateVm(spec.id)),
             Err(p) => p,
@@ -907,6 +928,8 @@ impl Policy for VtismPolicy {
             last_observed: None,
             last_stats: VmPlanStats::default(),
             unit_hints: HashMap::new(),
+            bucket_room: Vec::new(),
+            long_runs: true,
         };
         self.vms.insert(pos, st);
         Ok(())

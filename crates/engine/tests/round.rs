@@ -52,6 +52,16 @@ fn hints(frames: &[u64], count: u8) -> Vec<HintEntry> {
         .collect()
 }
 
+/// One validated hint round of `frames` at `count`.
+fn observe(t: &mut Tiering, vm: VmId, frames: &[u64], count: u8, counts: CountMeaning, now: Nanos) {
+    let obs = Observation::Hints {
+        entries: &hints(frames, count),
+        overflow: false,
+        counts,
+    };
+    t.observe(vm, obs, now).unwrap();
+}
+
 /// Ground truth of two VMs' frames, starting on the slow node.
 struct Truth {
     node: BTreeMap<VmId, Vec<NodeId>>,
@@ -272,26 +282,8 @@ fn demand_waits_for_a_full_history_of_rounds_seen_but_not_for_rates() {
     let cap = u64::from(t.engine().params().count_cap);
     for round in 1..=cap {
         let now = Nanos::from_secs(round);
-        t.observe(
-            VmId(1),
-            Observation::Hints {
-                entries: &hints(&hot, 160),
-                overflow: false,
-                counts: CountMeaning::RateLevel,
-            },
-            now,
-        )
-        .unwrap();
-        t.observe(
-            VmId(2),
-            Observation::Hints {
-                entries: &hints(&hot, 4),
-                overflow: false,
-                counts: CountMeaning::RoundsSeen,
-            },
-            now,
-        )
-        .unwrap();
+        observe(&mut t, VmId(1), &hot, 160, CountMeaning::RateLevel, now);
+        observe(&mut t, VmId(2), &hot, 4, CountMeaning::RoundsSeen, now);
         let asked: Vec<VmId> = t.demands().into_iter().map(|(vm, _)| vm).collect();
         if round < cap {
             assert_eq!(asked, vec![VmId(1)], "round {round}");
@@ -370,4 +362,50 @@ fn admission_and_reconfiguration_change_nothing_when_refused() {
     assert!(changes.is_empty(), "{changes:?}");
     assert_eq!(t.vms().count(), 0);
     assert!(t.engine().ram(VmId(1)).is_err());
+}
+
+/// A VM whose vCPUs move to another node keeps what the engine learnt: the hot frames it
+/// promoted stay where they are, no frame's placement becomes unknown, and the next round with
+/// the same hints moves nothing (a reset would have to relearn both). A node the topology
+/// lacks is refused and changes nothing.
+#[test]
+fn a_new_home_keeps_hotness_and_placement() {
+    let mut t = tiering(PoolMode::Island, 1);
+    let vm = VmId(1);
+    t.add_vm(spec(1, RamMap::contiguous(FRAMES)), limits(), Nanos(0))
+        .unwrap();
+    t.learn([PlacementRun {
+        vm,
+        gfn: Gfn(0),
+        frames: FRAMES,
+        node: Some(SLOW),
+    }]);
+    let hot: Vec<u64> = (100..164).collect();
+    let round = |t: &mut Tiering, s: u64| {
+        let now = Nanos::from_secs(s);
+        observe(t, vm, &hot, 160, CountMeaning::RateLevel, now);
+        t.round(&PlanContext::default(), &Allowances::new(), now)
+    };
+    let mut promoted = 0;
+    for s in 1..=4 {
+        promoted += round(&mut t, s)
+            .plan
+            .moves
+            .iter()
+            .filter(|m| m.to == FAST)
+            .map(|m| m.frames)
+            .sum::<u64>();
+    }
+    assert_eq!(promoted, hot.len() as u64, "the hot frames were promoted");
+    let before = t.engine().summary(vm).unwrap();
+
+    assert!(t.set_home(vm, Some(NodeId(7))).is_err());
+    t.set_home(vm, Some(SLOW)).unwrap();
+    let after = t.engine().summary(vm).unwrap();
+    assert_eq!(
+        (after.fast_frames, after.unknown_frames, after.rounds),
+        (before.fast_frames, 0, before.rounds)
+    );
+    let out = round(&mut t, 5);
+    assert!(out.plan.is_empty(), "{:?}", out.plan.moves);
 }

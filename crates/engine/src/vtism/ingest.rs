@@ -1,38 +1,65 @@
 //! Ingesting a hint round: every entry updates its frames' states and moves them between slots of
 //! the VM's level histogram.
 //!
-//! A round is millions of entries, so the common entry (4 KiB, in the RAM range of the one
-//! before, outside any 2 MiB unit, on a frame not hinted yet in the round) takes a straight path:
-//! per-round lookups (`RoundHints`), no range search, and histogram moves counted in a round-local
-//! delta. Everything else takes the general path, which does what the channel spec says of every
-//! case.
+//! A round is millions of entries. A large one is sorted into buckets of guest frames first
+//! (`buckets`), and the entries of a bucket wholly in one RAM range take a straight path
+//! (`PlainRun`): the frame by its offset in the bucket, its state before and after by per-round
+//! lookups (`DecayTable`, `RoundHints`), histogram moves counted in a round-local delta. In a
+//! small round, the common entry (4 KiB, in the RAM range of the one before, outside any 2 MiB
+//! unit) takes a straight path of its own (`step`). Everything else takes the general path, which
+//! does what the channel spec says of every case.
 
+use super::buckets::{self, Buckets, NoTally, Packed, Tally};
 use super::{Span, VmState, NODES};
-use crate::hotness::{FrameState, RoundHints, Tables, COLD_SLOT, NODE_UNKNOWN, RING};
+use crate::hotness::{
+    DecayTable, FrameState, RoundHints, Tables, COLD_SLOT, DECAY_CELLS, NODE_UNKNOWN,
+};
 use crate::policy::IngestStats;
 use vtism_proto::{entry, CountMeaning, HintEntry, PageType, HUGE_FRAMES};
 
 /// Hints are prefetched this many entries ahead: random (cold) hints miss every cache level.
 const PREFETCH_AHEAD: usize = 128;
-/// Rounds of at least this many entries are sorted by bucket first (`bucket_entries`).
+/// Rounds of at least this many entries are sorted by bucket first (`buckets::Buckets::sort`).
 const BUCKETED_MIN: usize = 1 << 16;
-/// Frames per bucket at least (128 KiB of frame state) ...
-const BUCKET_FRAMES_LOG2: u32 = 15;
-/// ... and buckets at most, so that the sort's write streams stay few.
+/// Frames per bucket at least (512 KiB of frame state, half a core's L2 cache) when the VM's
+/// entries come in long runs of one bucket (`LONG_RUNS`), as guests publish them (hottest first,
+/// each level in address order): a bucket's frames are visited a level at a time, in order,
+/// and larger buckets make longer runs for the sort ...
+const BUCKET_FRAMES_LOG2: u32 = 17;
+/// ... and (128 KiB) when they do not (a round in no order): a bucket's frames are visited at
+/// random, and stay in L2 among the rest ...
+const SHORT_RUN_BUCKET_FRAMES_LOG2: u32 = 15;
+/// (Runs are long when they are this many entries on average.)
+const LONG_RUNS: usize = 4;
+/// ... and buckets at most, so that the sort's write streams stay few (but buckets are at most
+/// `buckets::OFFSET_BITS` frames: guests past 4 TiB have more).
 const BUCKETS_LOG2: u32 = 10;
 
-/// Cells of a level-histogram delta: `slot * 4 + class` as in `VmState::hist`, and one for frames
-/// whose node is unknown (they are not counted). A power of two, so indexes need no bounds check.
-const CELLS: usize = 2048;
-/// The class of frames whose node is unknown: their cells are past the histogram's.
-const UNCOUNTED: usize = 1024;
-const _: () = assert!((RING + 1) * 4 <= UNCOUNTED && UNCOUNTED + (RING + 1) * 4 <= CELLS);
-/// Frame state bits 21-29 (page type, write, node) give a frame's histogram class.
-const CLASS_SHIFT: u32 = 21;
+/// Cells of a level-histogram delta: `cell(slot, class)`, the classes as in `VmState::hist` and
+/// one more for frames whose node is unknown (they are not counted). Room for any `u8` slot and
+/// class, so that indexes by them need no bounds check.
+const CELLS: usize = 4096;
+/// Cells per slot.
+const SLOT_CELLS: usize = 8;
+/// The class of frames whose node is unknown.
+const UNCOUNTED: u8 = 4;
+const _: () = assert!(255 * SLOT_CELLS + 255 < CELLS && (UNCOUNTED as usize) < SLOT_CELLS);
 
-/// Histogram moves of one round, added to the VM's histogram when the round is in. Two copies
-/// used alternately, so that consecutive entries moving frames between the same slots (the usual
-/// case: a guest publishes frames of one level together) do not wait on each other's counter.
+/// The delta cell of histogram slot `slot`, class `class`.
+#[inline(always)]
+fn cell(slot: u8, class: u8) -> usize {
+    slot as usize * SLOT_CELLS + class as usize
+}
+
+/// Frame state bits 21-29 (page type, write, node) give a frame's histogram class ...
+const CLASS_SHIFT: u32 = 21;
+/// ... looked up by all the bits from there (`Cursor::classes`), which need no mask.
+const CLASS_CELLS: usize = 1 << (u32::BITS - CLASS_SHIFT);
+
+/// Histogram moves of one round, added to the VM's histogram when the round is in. Two copies,
+/// which the small rounds' loop uses alternately so that consecutive entries moving frames
+/// between the same slots do not wait on each other's counter (the buckets' loop measured no
+/// better for it, and uses one).
 /// Modulo 2^32: a cell goes below zero when frames leave it before others arrive, and every count
 /// and its sum with the delta is below 2^32 (`EngineError::VmTooLarge`), so the sum is exact.
 struct HistDelta(Box<[[u32; CELLS]; 2]>);
@@ -48,11 +75,30 @@ impl HistDelta {
         d[from % CELLS] = d[from % CELLS].wrapping_sub(1);
         d[to % CELLS] = d[to % CELLS].wrapping_add(1);
     }
+
+    /// `n` frames more in cell `at`.
+    fn add(&mut self, at: usize, n: u32) {
+        let d = &mut self.0[0][at % CELLS];
+        *d = d.wrapping_add(n);
+    }
+
+    /// A frame less in cell `at`.
+    #[inline(always)]
+    fn leave(&mut self, at: usize) {
+        let d = &mut self.0[0][at % CELLS];
+        *d = d.wrapping_sub(1);
+    }
+}
+
+/// A frame's histogram class, looked up in `classes` (`VmState::cell_classes`).
+#[inline(always)]
+fn class_in(classes: &[u8; CLASS_CELLS], s: FrameState) -> u8 {
+    classes[(s.0 >> CLASS_SHIFT) as usize % CLASS_CELLS]
 }
 
 /// Where the entry loop is: the RAM range of the last entry.
 struct Cursor {
-    classes: [u16; 512],
+    classes: [u8; CLASS_CELLS],
     span: Span,
     prefetch_base: *const FrameState,
 }
@@ -72,66 +118,368 @@ pub(super) struct UnitHint {
     typed: bool,
 }
 
-/// A run of consecutive entries in one bucket, counted in a register: entries come in runs
-/// (a guest publishes frames of one level in address order), and a counter in memory would make
-/// each entry wait for the one before.
-#[derive(Default)]
-struct Run {
-    bucket: usize,
-    n: usize,
-}
-
-impl Run {
-    /// Counts an entry of bucket `b`, adding the run before to `count` when `b` starts a new one.
-    #[inline(always)]
-    fn add(&mut self, count: &mut [usize], b: usize) {
-        if b != self.bucket {
-            count[self.bucket] += self.n;
-            (self.bucket, self.n) = (b, 0);
-        }
-        self.n += 1;
-    }
-
-    /// Adds the last run to `count`.
-    fn flush(&mut self, count: &mut [usize]) {
-        count[self.bucket] += self.n;
-        self.n = 0;
-    }
-
-    /// The next place of bucket `b`, whose next places are in `count`.
-    #[inline(always)]
-    fn next(&mut self, count: &mut [usize], b: usize) -> usize {
-        if b != self.bucket {
-            count[self.bucket] = self.n;
-            (self.bucket, self.n) = (b, count[b]);
-        }
-        self.n += 1;
-        self.n - 1
-    }
-}
-
 /// Entries per rate level of one rate-level round, 4 KiB ones and 2 MiB ones apart, in two copies
-/// as in `HistDelta`.
-struct RateCounts(Box<[[u64; 512]; 2]>);
+/// as in `HistDelta`. Indexed by an entry's bits 40-51 less write and page type (`RATE_INDEX`):
+/// the level, and the 2 MiB bit as bit 11.
+struct RateCounts(Box<[[u64; RATE_CELLS]; 2]>);
+
+/// Bits of `entry >> COUNT_SHIFT` that index `RateCounts`: the count and the 2 MiB bit.
+const RATE_INDEX: usize = 0x8ff;
+const RATE_CELLS: usize = RATE_INDEX + 1;
+const RATE_HUGE: usize = 0x800;
+const _: () = assert!(entry::HUGE_BIT == (RATE_HUGE as u64) << entry::COUNT_SHIFT);
+
+/// A large round's rates are counted while it is sorted, a run of one level at a time.
+impl Tally for RateCounts {
+    const BITS: u64 = (RATE_INDEX as u64) << entry::COUNT_SHIFT;
+    #[inline(always)]
+    fn tally(&mut self, w: u64, n: usize) {
+        self.0[0][(w >> entry::COUNT_SHIFT) as usize & RATE_INDEX] += n as u64;
+    }
+}
 
 impl RateCounts {
     fn new() -> Self {
-        RateCounts(Box::new([[0; 512]; 2]))
+        RateCounts(Box::new([[0; RATE_CELLS]; 2]))
     }
 
     #[inline(always)]
     fn count(&mut self, lane: usize, w: u64) {
-        const _: () = assert!(entry::HUGE_BIT == 1 << (entry::COUNT_SHIFT + 11));
-        let level = (w >> entry::COUNT_SHIFT) & 0xff;
-        let huge = (w >> (entry::COUNT_SHIFT + 3)) & 0x100;
-        self.0[lane % 2][(level | huge) as usize] += 1;
+        self.0[lane % 2][(w >> entry::COUNT_SHIFT) as usize & RATE_INDEX] += 1;
     }
 
     /// Frames at rate level `l`.
     fn frames(&self, l: usize) -> u64 {
         let entries = |at: usize| self.0[0][at] + self.0[1][at];
-        entries(l) + entries(256 + l) * HUGE_FRAMES
+        entries(l) + entries(RATE_HUGE + l) * HUGE_FRAMES
     }
+}
+
+/// The straight path through one bucket's entries when the bucket lies wholly in one RAM range:
+/// an entry's frame is its offset in the bucket (`buckets::Packed`), with no range lookup, and
+/// its state before and after come from `DecayTable` and `RoundHints` lookups.
+struct PlainRun<'a, 't> {
+    rh: &'a RoundHints<'t>,
+    decay: &'a [u16; DECAY_CELLS],
+    classes: &'a [u8; CLASS_CELLS],
+    /// The bucket's frames, from dense index `first`: a power of two.
+    frames: &'a mut [FrameState],
+    first: usize,
+    huge_map: &'a [u64],
+    /// The VM's round, and what its counts mean.
+    round: u64,
+    counts: CountMeaning,
+}
+
+impl PlainRun<'_, '_> {
+    /// Takes the first of the `n` first `entries`, all in the bucket, until one needs more than
+    /// the straight path: a 2 MiB entry or one in a marked 2 MiB unit (`MARKED`: the VM has
+    /// marks). Returns how many it took. `entries` goes on past the `n` by at least
+    /// `PREFETCH_AHEAD` (`Buckets::bucket`), so that every entry prefetches.
+    #[inline(never)]
+    fn take<const RATE: bool, const MARKED: bool>(
+        self,
+        entries: &[Packed],
+        n: usize,
+        delta: &mut HistDelta,
+    ) -> usize {
+        // The frame's offset in the bucket, or past it for a 2 MiB entry.
+        let in_bucket = self.frames.len() as Packed - 1;
+        let offset =
+            in_bucket | (entry::HUGE_BIT >> (entry::COUNT_SHIFT - buckets::OFFSET_BITS)) as Packed;
+        let base = self.frames.as_ptr();
+        let ahead = &entries[PREFETCH_AHEAD..PREFETCH_AHEAD + n];
+        for (k, (&e, &a)) in entries[..n].iter().zip(ahead).enumerate() {
+            let Some(slot) = self.frames.get_mut((e & offset) as usize) else {
+                return k;
+            };
+            let off = (e & in_bucket) as usize;
+            if MARKED
+                && huge_bit(
+                    self.huge_map,
+                    self.first + (off & !(HUGE_FRAMES as usize - 1)),
+                )
+            {
+                return k;
+            }
+            // The frame of an entry further on, if it is in this bucket; if not, some frame of
+            // it (a prefetch never faults, but one outside the frames could walk page tables).
+            prefetch_read(base.wrapping_add((a & in_bucket) as usize));
+            let before = *slot;
+            let class = |s| class_in(self.classes, s);
+            let hint = buckets::hint_bits(e);
+            let Some((after, from, to)) = self.rh.fresh_looked_up::<RATE>(self.decay, before, hint)
+            else {
+                let (rh, classes) = (self.rh, self.classes);
+                merge_hinted::<RATE>(rh, classes, self.round, self.counts, slot, hint, delta);
+                continue;
+            };
+            *slot = after;
+            // One lane: two, alternating, measured slower.
+            delta.shift(0, cell(from, class(before)), cell(to, class(after)));
+        }
+        n
+    }
+}
+
+/// Rows of `Straight`'s lookups by hint: a packed entry's bits from `buckets::OFFSET_BITS` up
+/// (hint bits and the 2 MiB bit), so that an entry's row needs no mask. Rows with the 2 MiB bit
+/// repeat those without (the entries that use these lookups are 4 KiB ones).
+const PACKED_HINTS: usize = 1 << (Packed::BITS - buckets::OFFSET_BITS);
+/// Cells of `Straight`'s lookups by hint and class: `PACKED_HINTS` rows of `SLOT_CELLS`, and room
+/// for any `u8` class.
+const HINT_CLASS_CELLS: usize = PACKED_HINTS * SLOT_CELLS + 256;
+
+/// What the straight path through a bucket without a 2 MiB entry or unit (`StraightRun`) looks
+/// up, filled once per large round, behind one pointer: `DecayTable`, `RoundHints`' lookups per
+/// hint, and where a hint takes a frame of each histogram class.
+struct Straight {
+    decay: DecayTable,
+    /// Per packed hint: the bits of a frame's state a fresh hint keeps and those it sets
+    /// (`RoundHints::per_hint`).
+    kept: [[u32; 2]; PACKED_HINTS],
+    /// Rounds seen: per packed hint, the degree added to the decayed score.
+    add: [u8; PACKED_HINTS],
+    /// Rate levels: at `h * SLOT_CELLS + class`, the delta cell a hint with packed hint bits `h`
+    /// takes a frame of histogram class `class` to (its slot is the hint's, its class the
+    /// frame's after the hint).
+    to_cell: [u16; HINT_CLASS_CELLS],
+    /// Rate levels: frames a hint took to `to_cell[at]`, by `at`, counted there instead of in
+    /// the delta (which takes one lookup less per entry) until `flush`.
+    hinted: [u32; HINT_CLASS_CELLS],
+    /// Rounds seen: at `h * SLOT_CELLS + class`, the class after the hint (the slot depends on
+    /// the frame's decayed score).
+    class_after: [u8; HINT_CLASS_CELLS],
+    /// Rounds seen: ring slot of a hinted frame by its new score (`RoundHints::score_slots`).
+    score_slot: [u8; 256],
+    /// Rounds seen: frames hinted to each score and class, at `cell(score, class)` (room for
+    /// any `u8` class), until `flush`.
+    scored: [u32; 256 * SLOT_CELLS + 256],
+    /// The VM's classes (`VmState::cell_classes`).
+    classes: [u8; CLASS_CELLS],
+}
+
+impl Straight {
+    fn new() -> Box<Self> {
+        Box::new(Straight {
+            decay: DecayTable::new(),
+            kept: [[0; 2]; PACKED_HINTS],
+            add: [0; PACKED_HINTS],
+            to_cell: [0; HINT_CLASS_CELLS],
+            hinted: [0; HINT_CLASS_CELLS],
+            class_after: [0; HINT_CLASS_CELLS],
+            score_slot: [0; 256],
+            scored: [0; 256 * SLOT_CELLS + 256],
+            classes: [0; CLASS_CELLS],
+        })
+    }
+
+    /// The lookups of the round of `rh` for a VM whose classes are `classes`, rate levels if
+    /// `rate`.
+    fn fill(&mut self, rh: &RoundHints<'_>, classes: &[u8; CLASS_CELLS], rate: bool) {
+        rh.fill_decay_table(&mut self.decay);
+        for p in 0..PACKED_HINTS {
+            let h = p % (1 << 11);
+            let (keep, set, add, slot) = rh.per_hint(h);
+            self.kept[p] = [keep, set];
+            self.add[p] = add;
+            let page_type = HintEntry((h as u64) << entry::COUNT_SHIFT).page_type();
+            for class in 0..SLOT_CELLS as u8 {
+                let at = p * SLOT_CELLS + class as usize;
+                let after = class_after(class, page_type);
+                if rate {
+                    self.to_cell[at] = cell(slot, after) as u16;
+                } else {
+                    self.class_after[at] = after;
+                }
+            }
+        }
+        self.score_slot = *rh.score_slots();
+        self.classes = *classes;
+    }
+
+    /// Adds the frames counted in `hinted` or `scored` to `delta`, and clears them.
+    fn flush<const RATE: bool>(&mut self, delta: &mut HistDelta) {
+        if RATE {
+            for (n, &to) in self.hinted.iter_mut().zip(&self.to_cell) {
+                delta.add(to as usize, std::mem::take(n));
+            }
+        } else {
+            debug_assert!(self.scored[256 * SLOT_CELLS..].iter().all(|&n| n == 0));
+            for (at, n) in self.scored[..256 * SLOT_CELLS].iter_mut().enumerate() {
+                let (score, class) = (at / SLOT_CELLS, at % SLOT_CELLS);
+                let to = cell(self.score_slot[score], class as u8);
+                delta.add(to, std::mem::take(n));
+            }
+        }
+    }
+}
+
+/// The histogram class (`VmState::class_of`) of a frame of class `class` after a hint whose page
+/// type is `hinted`: the hint keeps the node, and sets the page type if it has one.
+fn class_after(class: u8, hinted: PageType) -> u8 {
+    match (class, hinted) {
+        (UNCOUNTED, _) | (_, PageType::Unknown) => class,
+        (c, t) => (c & 2) | (t == PageType::File) as u8,
+    }
+}
+
+/// The straight path through a bucket that lies wholly in one RAM range and has no 2 MiB entry
+/// and no marked 2 MiB unit: every entry takes it, with no check. The frame is the entry's
+/// offset in the bucket, its state before and after and its histogram cells before and after
+/// come from `Straight`'s lookups.
+struct StraightRun<'a, 't> {
+    rh: &'a RoundHints<'t>,
+    tabs: &'a mut Straight,
+    /// The bucket's frames: a power of two.
+    frames: &'a mut [FrameState],
+    /// The VM's round, and what its counts mean.
+    round: u64,
+    counts: CountMeaning,
+}
+
+impl StraightRun<'_, '_> {
+    /// Takes the `n` first `entries`, all in the bucket and 4 KiB. `entries` goes on past the
+    /// `n` by at least `PREFETCH_AHEAD` (`Buckets::bucket`), so that every entry prefetches.
+    #[inline(never)]
+    fn take<const RATE: bool>(self, entries: &[Packed], n: usize, delta: &mut HistDelta) {
+        let in_bucket = self.frames.len() - 1;
+        debug_assert!(self.frames.len().is_power_of_two());
+        let frames = &mut self.frames[..=in_bucket];
+        let base = frames.as_ptr();
+        let t = self.tabs;
+        let ahead = &entries[PREFETCH_AHEAD..PREFETCH_AHEAD + n];
+        for (&e, &a) in entries[..n].iter().zip(ahead) {
+            prefetch_read(base.wrapping_add(a as usize & in_bucket));
+            let slot = &mut frames[e as usize & in_bucket];
+            let before = *slot;
+            // The hint bits, and the 2 MiB bit (clear).
+            let h = (e >> buckets::OFFSET_BITS) as usize;
+            let Some((from, decayed)) = t.decay.before(before) else {
+                let hint = buckets::hint_bits(e);
+                merge_hinted::<RATE>(
+                    self.rh,
+                    &t.classes,
+                    self.round,
+                    self.counts,
+                    slot,
+                    hint,
+                    delta,
+                );
+                continue;
+            };
+            let [keep, set] = t.kept[h];
+            let class = class_in(&t.classes, before);
+            let after = (before.0 & keep) | set;
+            let at = h * SLOT_CELLS + class as usize;
+            let after = if RATE {
+                t.hinted[at] += 1;
+                after
+            } else {
+                let score = (decayed as u32 + t.add[h] as u32).min(255);
+                t.scored[cell(score as u8, t.class_after[at])] += 1;
+                after | score
+            };
+            *slot = FrameState(after);
+            delta.leave(cell(from, class));
+        }
+    }
+}
+
+/// A hint (hint bits `hint`) on a frame hinted this round already (`slot`), on the straight path
+/// of the VM in `round` whose counts mean `counts`: the hints merge. Apart from the fresh hint's
+/// path, which is shorter without a join.
+#[inline(always)]
+fn merge_hinted<const RATE: bool>(
+    rh: &RoundHints<'_>,
+    classes: &[u8; CLASS_CELLS],
+    round: u64,
+    counts: CountMeaning,
+    slot: &mut FrameState,
+    hint: usize,
+    delta: &mut HistDelta,
+) {
+    let before = *slot;
+    let Some((after, from, to)) = rh.merge_looked_up::<RATE>(before, hint) else {
+        let w = (hint as u64) << entry::COUNT_SHIFT;
+        merge_duplicate(rh.tables(), round, counts, classes, slot, w, delta);
+        return;
+    };
+    *slot = after;
+    let class = |s| class_in(classes, s);
+    delta.shift(0, cell(from, class(before)), cell(to, class(after)));
+}
+
+/// A hint on a frame not seen that `RoundHints::fresh_looked_up` takes for one hinted this round
+/// already (in the round in 256 whose stamp is 0, see `RoundHints::fill_decay_table`):
+/// `Tables::hint` tells them apart, and the frame moves in the histogram as
+/// `VmState::merge_frame` moves it.
+#[cold]
+fn merge_duplicate(
+    t: &Tables,
+    round: u64,
+    counts: CountMeaning,
+    classes: &[u8; CLASS_CELLS],
+    slot: &mut FrameState,
+    w: u64,
+    delta: &mut HistDelta,
+) {
+    let e = HintEntry(w);
+    let before = *slot;
+    let mut after = before;
+    t.hint(
+        &mut after,
+        round as u8,
+        counts,
+        e.count(),
+        e.write(),
+        e.page_type(),
+    );
+    *slot = after;
+    let from = t.ring_slot(before, round).unwrap_or(COLD_SLOT) as u8;
+    let to = t.ring_slot_fresh(after, round) as u8;
+    let class = |s| class_in(classes, s);
+    delta.shift(0, cell(from, class(before)), cell(to, class(after)));
+}
+
+/// What ingesting a large round needs besides the VM, kept between rounds for its allocations
+/// (one per engine, whatever the number of VMs).
+#[derive(Default)]
+pub(super) struct IngestScratch {
+    buckets: Buckets,
+    /// This round's lookups for the straight path (`DecayTable` among them).
+    straight: Option<Box<Straight>>,
+    /// A bucket's entries unpacked, for the general path.
+    unpacked: Vec<u64>,
+}
+
+impl IngestScratch {
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.buckets.memory_bytes()
+            + self
+                .straight
+                .as_ref()
+                .map_or(0, |_| std::mem::size_of::<Straight>())
+            + self.unpacked.capacity() * std::mem::size_of::<u64>()
+    }
+}
+
+/// A large round sorted into buckets, with what the straight path looks up.
+struct Sorted<'a> {
+    buckets: &'a Buckets,
+    /// Frames per bucket, as a shift.
+    shift: u32,
+    straight: &'a mut Straight,
+}
+
+/// The frames of a bucket that lies wholly in one RAM range.
+#[derive(Clone, Copy)]
+struct PlainBucket {
+    /// Its first guest frame.
+    start: u64,
+    /// The dense index of that frame.
+    first: usize,
+    frames: usize,
 }
 
 impl VmState {
@@ -142,17 +490,24 @@ impl VmState {
         t: &Tables,
         counts: CountMeaning,
         entries: &[HintEntry],
-        scratch: &mut Vec<u64>,
+        scratch: &mut IngestScratch,
     ) -> IngestStats {
         let bucketing = (entries.len() >= BUCKETED_MIN).then(|| self.bucket_shift());
         self.ingest_with(t, counts, entries, scratch, bucketing)
     }
 
     /// Guest frames per bucket, as a shift of the frame number: a bucket's frame states fit a
-    /// core's L2 cache, and the buckets are few.
+    /// core's L2 cache, and the buckets are few. By the VM's last large round: entries in long
+    /// runs (or no such round yet) take larger buckets than entries in no order.
     fn bucket_shift(&self) -> u32 {
         let end = self.spans.last().map_or(0, |s| s.end);
-        BUCKET_FRAMES_LOG2.max((u64::BITS - end.leading_zeros()).saturating_sub(BUCKETS_LOG2))
+        let least = match self.long_runs {
+            true => BUCKET_FRAMES_LOG2,
+            false => SHORT_RUN_BUCKET_FRAMES_LOG2,
+        };
+        least
+            .max((u64::BITS - end.leading_zeros()).saturating_sub(BUCKETS_LOG2))
+            .min(buckets::OFFSET_BITS)
     }
 
     /// `ingest`, with the entries sorted into buckets of `1 << shift` frames first if
@@ -162,7 +517,7 @@ impl VmState {
         t: &Tables,
         counts: CountMeaning,
         entries: &[HintEntry],
-        scratch: &mut Vec<u64>,
+        scratch: &mut IngestScratch,
         bucketing: Option<u32>,
     ) -> IngestStats {
         let mut st = IngestStats {
@@ -178,23 +533,58 @@ impl VmState {
         let mut delta = HistDelta::new();
         let mut rates = RateCounts::new();
         let rate = counts == CountMeaning::RateLevel;
-        let mut words = HintEntry::as_words(entries);
-        let bucketed = bucketing.is_some();
-        if let Some(shift) = bucketing {
-            // The entries' frames, bucket by bucket; the rates are counted here.
-            self.bucket_entries(words, shift, scratch, rate.then_some(&mut rates));
-            words = scratch;
-        }
-        let loop_rates = (rate && !bucketed).then_some(&mut rates);
+        let words = HintEntry::as_words(entries);
         self.unit_hints.clear();
+        match (bucketing, rate) {
+            (Some(shift), rate) => {
+                // At least a 2 MiB unit per bucket, so that a unit's entries share one.
+                let shift = shift.max(HUGE_FRAMES.trailing_zeros());
+                let last = (self.spans.last().map_or(0, |s| s.end) >> shift) as usize;
+                let buckets = &mut scratch.buckets;
+                let room = &mut self.bucket_room;
+                let (ahead, in_runs) = (PREFETCH_AHEAD, self.long_runs);
+                if rate {
+                    buckets.sort(words, shift, last, room, ahead, in_runs, &mut rates);
+                } else {
+                    buckets.sort(words, shift, last, room, ahead, in_runs, &mut NoTally);
+                }
+                st.ignored += buckets.past();
+                self.long_runs = buckets.runs() * LONG_RUNS <= buckets.runs_of();
+                let straight = scratch.straight.get_or_insert_with(Straight::new);
+                straight.fill(&rh, &self.cell_classes(), rate);
+                let sorted = Sorted {
+                    buckets,
+                    shift,
+                    straight,
+                };
+                let unpacked = &mut scratch.unpacked;
+                if rate {
+                    self.ingest_buckets::<true>(&rh, sorted, unpacked, &mut delta, &mut st);
+                } else {
+                    self.ingest_buckets::<false>(&rh, sorted, unpacked, &mut delta, &mut st);
+                }
+            }
+            (None, true) => {
+                let mut c = self.cursor();
+                self.ingest_words::<true>(
+                    &rh,
+                    &mut c,
+                    words,
+                    &mut delta,
+                    &mut st,
+                    Some(&mut rates),
+                );
+            }
+            (None, false) => {
+                let mut c = self.cursor();
+                self.ingest_words::<false>(&rh, &mut c, words, &mut delta, &mut st, None);
+            }
+        }
         if rate {
-            self.ingest_words::<true>(&rh, words, &mut delta, &mut st, loop_rates);
             for (l, n) in self.rate_frames.iter_mut().enumerate() {
                 *n = rates.frames(l);
             }
             self.hot_rate_frames = self.rate_frames[t.hot_rate_level as usize..].iter().sum();
-        } else {
-            self.ingest_words::<false>(&rh, words, &mut delta, &mut st, None);
         }
         self.merge_owed(t, &mut delta, &mut st);
         self.add_to_histogram(&delta);
@@ -203,62 +593,139 @@ impl VmState {
         st
     }
 
-    /// Copies the entries into `out` ordered by bucket (stable), a bucket being `1 << shift`
-    /// guest frames (`bucket_shift`, at least a 2 MiB unit): the loop then visits each part of
-    /// the frame array once instead of once per level or at random. All the entries touching one
-    /// frame or one 2 MiB unit land in one bucket in their order, so the result is the same.
-    /// Entries past the RAM map go to the last bucket, where the loop ignores them as it does
-    /// those in its holes. `rates` counts every entry by level.
-    fn bucket_entries(
-        &self,
-        words: &[u64],
-        shift: u32,
-        out: &mut Vec<u64>,
-        mut rates: Option<&mut RateCounts>,
+    /// The entry loop over sorted entries, bucket by bucket (then those that overflowed their
+    /// bucket): a bucket wholly in one RAM range takes the straight path without range lookups
+    /// (`ingest_plain`), others take `step` (their entries unpacked into `unpacked`).
+    fn ingest_buckets<const RATE: bool>(
+        &mut self,
+        rh: &RoundHints<'_>,
+        sorted: Sorted<'_>,
+        unpacked: &mut Vec<u64>,
+        delta: &mut HistDelta,
+        st: &mut IngestStats,
     ) {
-        let shift = shift.max(HUGE_FRAMES.trailing_zeros());
-        let last = (self.spans.last().map_or(0, |s| s.end) >> shift) as usize;
-        let bucket = |w: u64| (((w & entry::GFN_MASK) >> shift) as usize).min(last);
-        let mut count = vec![0usize; last + 1];
-        let mut run = Run::default();
-        for (i, &w) in words.iter().enumerate() {
-            if let Some(r) = rates.as_deref_mut() {
-                r.count(i, w);
+        let mut c = self.cursor();
+        let mut span = 0;
+        let shift = sorted.shift;
+        for b in 0..sorted.buckets.len() {
+            let (entries, n) = sorted.buckets.bucket(b);
+            let start = (b as u64) << shift;
+            let stop = start + (1 << shift);
+            while span + 1 < self.spans.len() && self.spans[span].end <= start {
+                span += 1;
             }
-            run.add(&mut count, bucket(w));
+            let plain = self
+                .spans
+                .get(span)
+                .filter(|s| s.start <= start && stop <= s.end)
+                .map(|s| PlainBucket {
+                    start,
+                    first: (s.first + (start - s.start)) as usize,
+                    frames: 1 << shift,
+                });
+            let tabs = &mut *sorted.straight;
+            match plain {
+                Some(bucket) if !sorted.buckets.has_huge(b) && !self.marks_in(bucket) => {
+                    let frames = &mut self.frames[bucket.first..bucket.first + bucket.frames];
+                    let run = StraightRun {
+                        rh,
+                        tabs,
+                        frames,
+                        round: self.round,
+                        counts: self.counts,
+                    };
+                    run.take::<RATE>(entries, n, delta);
+                }
+                Some(bucket) => {
+                    let decay = &tabs.decay;
+                    self.ingest_plain::<RATE>(rh, decay, &mut c, bucket, entries, n, delta, st)
+                }
+                None => {
+                    unpacked.clear();
+                    unpacked.extend(entries[..n].iter().map(|&e| buckets::unpack(e, start)));
+                    self.ingest_words::<RATE>(rh, &mut c, unpacked, delta, st, None);
+                }
+            }
         }
-        run.flush(&mut count);
-        let mut at = 0;
-        for c in count.iter_mut() {
-            (*c, at) = (at, at + *c);
-        }
-        // Every slot is written below: no need to clear what the last round left.
-        out.resize(at, 0);
-        let mut run = Run::default();
-        for &w in words {
-            out[run.next(&mut count, bucket(w))] = w;
+        sorted.straight.flush::<RATE>(delta);
+        self.ingest_words::<RATE>(rh, &mut c, sorted.buckets.overflow(), delta, st, None);
+    }
+
+    /// Whether a 2 MiB unit whose head is among `bucket`'s frames is marked.
+    fn marks_in(&self, bucket: PlainBucket) -> bool {
+        let unit = HUGE_FRAMES as usize;
+        self.huge_marks > 0
+            && (bucket.first..bucket.first + bucket.frames)
+                .step_by(unit)
+                .any(|head| self.huge_bit(head))
+    }
+
+    /// The first `n` of `words`, all in `bucket`'s part of the guest frames: `PlainRun::take`
+    /// takes them until one needs more, which takes the general path.
+    #[allow(clippy::too_many_arguments)]
+    fn ingest_plain<const RATE: bool>(
+        &mut self,
+        rh: &RoundHints<'_>,
+        decay: &DecayTable,
+        c: &mut Cursor,
+        bucket: PlainBucket,
+        entries: &[Packed],
+        n: usize,
+        delta: &mut HistDelta,
+        st: &mut IngestStats,
+    ) {
+        let mut i = 0;
+        while i < n {
+            let run = PlainRun {
+                rh,
+                decay: decay.cells(),
+                classes: &c.classes,
+                frames: &mut self.frames[bucket.first..bucket.first + bucket.frames],
+                first: bucket.first,
+                huge_map: &self.huge_map,
+                round: self.round,
+                counts: self.counts,
+            };
+            i += if self.huge_marks == 0 {
+                run.take::<RATE, false>(&entries[i..], n - i, delta)
+            } else {
+                run.take::<RATE, true>(&entries[i..], n - i, delta)
+            };
+            if i == n {
+                break;
+            }
+            let w = buckets::unpack(entries[i], bucket.start);
+            self.ingest_entry::<RATE>(rh, c, w, delta, st, 0);
+            c.prefetch_base = prefetch_base(&self.frames, c.span);
+            i += 1;
         }
     }
 
-    /// The entry loop. `RATE`: the counts are rate levels, counted per level in `rates`.
-    fn ingest_words<const RATE: bool>(
-        &mut self,
-        rh: &RoundHints<'_>,
-        words: &[u64],
-        delta: &mut HistDelta,
-        st: &mut IngestStats,
-        mut rates: Option<&mut RateCounts>,
-    ) {
+    /// A cursor at the first RAM range.
+    fn cursor(&self) -> Cursor {
         let span = self.spans.first().copied().unwrap_or(Span {
             start: 0,
             end: 0,
             first: 0,
         });
-        let mut c = Cursor {
+        Cursor {
             classes: self.cell_classes(),
             span,
             prefetch_base: prefetch_base(&self.frames, span),
-        };
+        }
+    }
+
+    /// The entry loop. `RATE`: the counts are rate levels, counted per level in `rates` if
+    /// given.
+    fn ingest_words<const RATE: bool>(
+        &mut self,
+        rh: &RoundHints<'_>,
+        c: &mut Cursor,
+        words: &[u64],
+        delta: &mut HistDelta,
+        st: &mut IngestStats,
+        mut rates: Option<&mut RateCounts>,
+    ) {
         // Pairs of entries, the first on lane 0 and the second on lane 1 of the delta; the last
         // `PREFETCH_AHEAD` (and an odd one) without prefetching.
         let split = words.len().saturating_sub(PREFETCH_AHEAD) & !1;
@@ -270,15 +737,15 @@ impl VmState {
                 c.prefetch_base
                     .wrapping_add((a[0] & entry::GFN_MASK) as usize),
             );
-            self.step::<RATE>(rh, &mut c, delta, st, rates.as_deref_mut(), 0, w[0]);
+            self.step::<RATE>(rh, c, delta, st, rates.as_deref_mut(), 0, w[0]);
             prefetch_read(
                 c.prefetch_base
                     .wrapping_add((a[1] & entry::GFN_MASK) as usize),
             );
-            self.step::<RATE>(rh, &mut c, delta, st, rates.as_deref_mut(), 1, w[1]);
+            self.step::<RATE>(rh, c, delta, st, rates.as_deref_mut(), 1, w[1]);
         }
         for (i, &w) in tail.iter().enumerate() {
-            self.step::<RATE>(rh, &mut c, delta, st, rates.as_deref_mut(), i, w);
+            self.step::<RATE>(rh, c, delta, st, rates.as_deref_mut(), i, w);
         }
     }
 
@@ -311,21 +778,25 @@ impl VmState {
         c.prefetch_base = prefetch_base(&self.frames, c.span);
     }
 
-    /// Histogram cell offset by frame state bits 21-29 (page type, write, node): the class
-    /// `fast * 2 + file`, or `UNCOUNTED` for a frame whose node is unknown.
-    fn cell_classes(&self) -> [u16; 512] {
-        let mut c = [0u16; 512];
+    /// Histogram class by frame state bits 21-31 (page type, write, node, ...): `fast * 2 +
+    /// file`, or `UNCOUNTED` for a frame whose node is unknown.
+    fn cell_classes(&self) -> [u8; CLASS_CELLS] {
+        let mut c = [0u8; CLASS_CELLS];
         for (bits, class) in c.iter_mut().enumerate() {
-            let s = FrameState((bits as u32) << CLASS_SHIFT);
-            *class = match s.node_raw() {
-                NODE_UNKNOWN => UNCOUNTED as u16,
-                n => {
-                    (self.is_fast[n as usize % NODES] as u16) * 2
-                        + (s.page_type() == PageType::File) as u16
-                }
-            };
+            *class = self.class_of(FrameState((bits as u32) << CLASS_SHIFT));
         }
         c
+    }
+
+    /// A frame's histogram class: `fast * 2 + file`, or `UNCOUNTED` when its node is unknown.
+    #[inline]
+    fn class_of(&self, s: FrameState) -> u8 {
+        match s.node_raw() {
+            NODE_UNKNOWN => UNCOUNTED,
+            n => {
+                self.is_fast[n as usize % NODES] as u8 * 2 + (s.page_type() == PageType::File) as u8
+            }
+        }
     }
 
     /// An entry off the straight path: in another RAM range or none, a 2 MiB unit, or a 4 KiB
@@ -414,7 +885,7 @@ impl VmState {
     fn hint_frame<const RATE: bool>(
         &mut self,
         rh: &RoundHints<'_>,
-        classes: &[u16; 512],
+        classes: &[u8; CLASS_CELLS],
         idx: usize,
         w: u64,
         delta: &mut HistDelta,
@@ -429,8 +900,8 @@ impl VmState {
             return;
         };
         *slot = after;
-        let class = |s: FrameState| classes[(s.0 >> CLASS_SHIFT) as usize % 512] as usize;
-        delta.shift(lane, from * 4 + class(before), to * 4 + class(after));
+        let class = |s| class_in(classes, s);
+        delta.shift(lane, cell(from, class(before)), cell(to, class(after)));
     }
 
     /// A hint on a frame already hinted this round: the duplicates merge (`Tables::hint`).
@@ -474,19 +945,13 @@ impl VmState {
         let mut after = before;
         merge(&mut after);
         self.frames[idx] = after;
-        let node = before.node_raw();
-        if node == NODE_UNKNOWN {
-            return;
-        }
-        let base = self.is_fast[node as usize % NODES] as usize * 2;
-        let file = |s: FrameState| (s.page_type() == PageType::File) as usize;
-        let from = t.ring_slot(before, self.round).unwrap_or(COLD_SLOT);
+        let from = t.ring_slot(before, self.round).unwrap_or(COLD_SLOT) as u8;
         // A hinted frame has age 0: always live, at the level of its score.
-        let to = t.ring_slot_fresh(after, self.round);
+        let to = t.ring_slot_fresh(after, self.round) as u8;
         delta.shift(
             0,
-            from * 4 + base + file(before),
-            to * 4 + base + file(after),
+            cell(from, self.class_of(before)),
+            cell(to, self.class_of(after)),
         );
     }
 
@@ -495,10 +960,10 @@ impl VmState {
         let frames = self.frames.len() as u64;
         for (slot, counts) in self.hist.iter_mut().enumerate() {
             for (class, n) in counts.iter_mut().enumerate() {
-                let cell = slot * 4 + class;
+                let at = cell(slot as u8, class as u8);
                 let sum = (*n as u32)
-                    .wrapping_add(delta.0[0][cell])
-                    .wrapping_add(delta.0[1][cell]) as u64;
+                    .wrapping_add(delta.0[0][at])
+                    .wrapping_add(delta.0[1][at]) as u64;
                 debug_assert!(
                     sum <= frames,
                     "histogram underflow at slot {slot} class {class}"
@@ -537,10 +1002,7 @@ impl VmState {
 
     #[inline]
     fn huge_bit(&self, head_idx: usize) -> bool {
-        let b = head_idx / HUGE_FRAMES as usize;
-        self.huge_map
-            .get(b / 64)
-            .is_some_and(|w| w >> (b % 64) & 1 != 0)
+        huge_bit(&self.huge_map, head_idx)
     }
 
     fn set_huge(&mut self, head_idx: usize, on: bool) {
@@ -560,6 +1022,13 @@ impl VmState {
             }
         }
     }
+}
+
+/// Whether `huge_map` marks the 2 MiB unit whose head is dense frame `head_idx`.
+#[inline(always)]
+fn huge_bit(huge_map: &[u64], head_idx: usize) -> bool {
+    let b = head_idx / HUGE_FRAMES as usize;
+    huge_map.get(b / 64).is_some_and(|w| w >> (b % 64) & 1 != 0)
 }
 
 /// Where frame `gfn` of `span` is: `prefetch_base(..).wrapping_add(gfn)`.
@@ -796,6 +1265,44 @@ mod tests {
         );
     }
 
+    /// A large round in no order makes the next one take the smaller buckets; one in runs (as
+    /// guests publish) the larger ones.
+    #[test]
+    fn rounds_in_no_order_take_smaller_buckets() {
+        let frames = 1u64 << 18;
+        let node = NodeSpec {
+            id: NodeId(0),
+            tier: Tier(0),
+            capacity_bytes: 4 << 30,
+            cpus: vec![0],
+            socket: 0,
+        };
+        let topo = Topology::new(vec![node], None).unwrap();
+        let mut e = VtismPolicy::new(topo, EngineParams::default()).unwrap();
+        let ram = RamMap::new(vec![GfnRange::new(Gfn(0), Gfn(frames))]).unwrap();
+        e.add_vm(VmSpec {
+            id: VmId(1),
+            ram,
+            fast_quota_bytes: 1 << 30,
+            home_node: Some(NodeId(0)),
+        })
+        .unwrap();
+        let t = e.tables.clone();
+        let mut scratch = IngestScratch::default();
+        let hint = |g: u64| HintEntry::new(Gfn(g), 8, false, PageType::Anon, false, true);
+        let ordered: Vec<HintEntry> = (0..BUCKETED_MIN as u64).map(|i| hint(i * 3)).collect();
+        let mut rng = Rng::new(9);
+        let shuffled: Vec<HintEntry> = (0..BUCKETED_MIN).map(|_| hint(rng.below(frames))).collect();
+        let v = &mut e.vms[0];
+        assert_eq!(v.bucket_shift(), BUCKET_FRAMES_LOG2);
+        v.ingest(&t, CountMeaning::RoundsSeen, &shuffled, &mut scratch);
+        assert_eq!(v.bucket_shift(), SHORT_RUN_BUCKET_FRAMES_LOG2);
+        v.ingest(&t, CountMeaning::RoundsSeen, &shuffled, &mut scratch);
+        assert_eq!(v.bucket_shift(), SHORT_RUN_BUCKET_FRAMES_LOG2);
+        v.ingest(&t, CountMeaning::RoundsSeen, &ordered, &mut scratch);
+        assert_eq!(v.bucket_shift(), BUCKET_FRAMES_LOG2);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
 
@@ -816,10 +1323,28 @@ mod tests {
             let mut engines = [reference, engine(&params, &mut Rng::new(seed ^ 1)),
                 engine(&params, &mut Rng::new(seed ^ 1))];
             let t = engines[0].tables.clone();
-            let mut scratch = Vec::new();
+            let mut scratch = IngestScratch::default();
+            let mut entries = Vec::new();
             for r in 0..12 {
                 let counts = if rng.chance(0.5) { CountMeaning::RateLevel } else { CountMeaning::RoundsSeen };
-                let entries = round(&mut rng, huge_share);
+                // A new round, or the last one again with some entries changed and more of
+                // them (as a steady guest publishes: the buckets' room from the last round fits
+                // most of it, and what does not overflows).
+                entries = if entries.is_empty() || rng.chance(0.5) {
+                    round(&mut rng, huge_share)
+                } else {
+                    let mut again = entries;
+                    let more = round(&mut rng, huge_share);
+                    for e in more.iter().take(rng.below(again.len() as u64 / 8 + 1) as usize) {
+                        let at = rng.below(again.len() as u64) as usize;
+                        if rng.chance(0.5) {
+                            again[at] = *e;
+                        } else {
+                            again.insert(at, *e);
+                        }
+                    }
+                    again
+                };
                 let [a, b, c] = &mut engines;
                 let want = a.vms[0].ingest_reference(&t, counts, &entries);
                 let straight = b.vms[0].ingest_with(&t, counts, &entries, &mut scratch, None);
