@@ -216,6 +216,16 @@ n=$(metric 'vtism_vm_host_tracked\{vm="vm-h"\}')
 o=$(metric 'vtism_vm_host_observations_total\{vm="vm-h"\}')
 [ "$n" = 1 ] && [ "${o:-0}" -gt 0 ] && pass "host tracking: metrics say vm-h is host-tracked ($o reports)" ||
 	fail "host tracking: vtism_vm_host_tracked $n, observations $o"
+# vm-h's RAM is on host THPs (QEMU asks for them; this host leaves THP at its default): vtismd
+# knows which 2 MiB blocks (PAGEMAP_SCAN, Linux >= 6.7), and says so in ctl status and metrics.
+hb=$(vm_expr vm-h "v['backing']['huge_blocks'] if v['backing'] else -1")
+thp=$(vm_expr vm-h "v['backing']['thp_bytes'] >> 20 if v['backing'] else -1")
+known=$(vm_expr vm-h "v['backing']['blocks_known'] if v['backing'] else None")
+mhb=$(metric 'vtism_vm_huge_blocks\{vm="vm-h"\}')
+[ "${hb:-0}" -gt 0 ] && [ "$known" = True ] && [ "$mhb" = "$hb" ] &&
+	pass "backing: vm-h has $hb blocks of 2 MiB mapped huge (smaps: $thp MiB of THP), in ctl status and metrics" ||
+	fail "backing: vm-h huge_blocks $hb (metric $mhb), blocks_known $known, THP $thp MiB; problem: $(vm_field vm-h backing_problem)"
+check "backing: ctl status names vm-h's THPs" bash -c "$BIN ctl --socket $W/ctl.sock status | grep -A4 '^vm-h ' | grep -q 'backing: THP'"
 check "no signal: vm-n's pages stay where they were for 10 s (33 daemon rounds)" $H still $W/vm-n.harness 10
 moved=$(vm_expr vm-n "v['promoted_bytes'] + v['demoted_bytes']")
 ns=$(vm_field vm-n no_signal)

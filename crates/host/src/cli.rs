@@ -105,6 +105,37 @@ pub fn host_main(args: HostArgs) -> anyhow::Result<()> {
     d.run()
 }
 
+/// What backs a VM's guest RAM, when it is more than base pages: hugetlbfs, or THPs (and
+/// whether vtismd knows which blocks they are).
+fn backing_line(b: &serde_json::Value, problem: &serde_json::Value) -> Option<String> {
+    if let Some(p) = problem.as_str() {
+        return Some(format!("  backing: not known: {p}\n"));
+    }
+    let n = |k: &str| b[k].as_u64().unwrap_or(0);
+    let mut parts = Vec::new();
+    if n("hugetlb_bytes") > 0 {
+        parts.push(format!(
+            "hugetlbfs {} in {} pages",
+            human(n("hugetlb_bytes")),
+            human(n("hugetlb_page_bytes"))
+        ));
+    }
+    if n("thp_bytes") > 0 {
+        parts.push(match b["blocks_known"].as_bool() {
+            Some(true) => format!(
+                "THP {} ({} blocks of 2 MiB mapped huge)",
+                human(n("thp_bytes")),
+                n("huge_blocks")
+            ),
+            _ => format!(
+                "THP {} (which blocks: not known, a kernel without PAGEMAP_SCAN)",
+                human(n("thp_bytes"))
+            ),
+        });
+    }
+    (!parts.is_empty()).then(|| format!("  backing: {}\n", parts.join(", ")))
+}
+
 fn human(b: u64) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
@@ -179,6 +210,9 @@ pub fn status_table(v: &serde_json::Value) -> String {
         }
         if vm["no_signal"].as_bool() == Some(true) {
             out.push_str("  no signal yet (no hints, no host tracking): its pages are not moved\n");
+        }
+        if let Some(line) = backing_line(&vm["backing"], &vm["backing_problem"]) {
+            out.push_str(&line);
         }
     }
     let k = &d["host_kdamond"];

@@ -5,6 +5,7 @@
 //! mover moves; the status and metrics are published. One VM's trouble (a dead monitor, a
 //! hostile channel, a failed re-registration) lets that VM go and touches no other.
 
+use crate::backing;
 use crate::batch::{CallSettings, VmTarget};
 use crate::channels::Channels;
 use crate::config::{Config, HostTrackingMode, NotManaged, PoolModeConfig};
@@ -436,6 +437,7 @@ impl Daemon {
                     info,
                     resync,
                     reregister,
+                    rehomed,
                 } => {
                     if resync {
                         // The guest restarted: its tracker re-initialises the channel.
@@ -452,14 +454,29 @@ impl Daemon {
                     }
                     if reregister {
                         self.reregister(id);
+                    } else if rehomed {
+                        self.rehome(id);
                     }
                 }
             }
         }
     }
 
-    /// A VM whose memory map or home changed, or whose guest restarted: its limits follow its
-    /// RAM, and the engine forgets its hotness and learns its placement again.
+    /// A VM whose vCPUs moved to another node: promotions and demotions go near the new home;
+    /// hotness and placement are kept (vCPU threads that the scheduler moves between sockets
+    /// every minute must not make the engine relearn the VM each time).
+    fn rehome(&mut self, id: VmId) {
+        let Some(v) = self.registry.get(id) else {
+            return;
+        };
+        if let Err(e) = self.tiering.set_home(id, v.home) {
+            // The old home stays in effect (a node the engine's topology lacks).
+            warn!(vm = %v.name, error = %e, "home node not changed");
+        }
+    }
+
+    /// A VM whose memory map changed, or whose guest restarted: its limits follow its RAM, and
+    /// the engine forgets its hotness and learns its placement again.
     fn reregister(&mut self, id: VmId) {
         let Some(v) = self.registry.get(id) else {
             return;
@@ -823,6 +840,8 @@ impl Daemon {
             host_tracking_mode: v.settings.host_tracking.label(),
             host_tracking: self.host_tracking.vm_status(v.id),
             no_signal: s.last_observed.is_none(),
+            backing: v.backing.as_ref().ok().map(|r| backing::summarize(r)),
+            backing_problem: v.backing.as_ref().err().cloned(),
         })
     }
 
@@ -887,6 +906,7 @@ impl Daemon {
             sockets_deferred: self.discovery.counts.deferred,
             unsafe_scan_dirs: self.discovery.counts.unsafe_dirs,
             vms_dropped_lying: self.registry.dropped_lying,
+            qmp_slow_refreshes: self.registry.slow_refreshes,
             interval_ms: self.cfg.daemon.interval_ms,
             metrics: self.metrics_addr.map(|a| a.to_string()),
             engine_memory_bytes: self.tiering.engine().memory_bytes() as u64,

@@ -250,7 +250,7 @@ fn attach(socket: PathBuf, s: &AttachSettings) -> Outcome {
     let inspected = Qmp::handshake_until(stream, s.command_timeout, deadline, s.max_reply)
         .map_err(vm::InspectError::from)
         .and_then(|mut q| vm::inspect(&mut q).map(|i| (q, i)));
-    let (mut qmp, info) = match inspected {
+    let (mut qmp, mut info) = match inspected {
         Ok(x) => x,
         Err(e) if e.is_lie() => {
             return Outcome::Refused(socket, Refusal::MemoryMap { pid, source: e })
@@ -261,6 +261,7 @@ fn attach(socket: PathBuf, s: &AttachSettings) -> Outcome {
     if let Err(r) = s.rules.check_memory(&identity, &info) {
         return Outcome::Refused(socket, r);
     }
+    vm::read_backing(&mut info, None);
     Outcome::Found(Box::new(Found {
         socket,
         qmp,

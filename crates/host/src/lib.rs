@@ -11,6 +11,7 @@
 //! `topology`.
 
 pub mod admission;
+pub mod backing;
 pub mod batch;
 pub mod channel_file;
 pub mod channels;

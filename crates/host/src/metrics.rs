@@ -3,6 +3,7 @@
 //! prometheus-client crate, beside the mover's two histograms. The main loop publishes a
 //! [`Status`] every round; the servers render it when asked.
 
+use crate::backing::BackingSummary;
 use crate::host_tracking::{KdamondStatus, VmHostTracking};
 use crate::mover::JobReport;
 use prometheus_client::collector::Collector;
@@ -75,6 +76,9 @@ pub struct DaemonStatus {
     pub unsafe_scan_dirs: u64,
     /// VMs dropped because their memory map stopped matching the process's mappings.
     pub vms_dropped_lying: u64,
+    /// Re-reads of a VM that its monitor did not answer in time (a VM is dropped after three in a
+    /// row).
+    pub qmp_slow_refreshes: u64,
     pub interval_ms: u64,
     pub metrics: Option<String>,
     /// Heap held by the engine.
@@ -170,6 +174,9 @@ pub struct VmStatus {
     /// No observation yet (no hints, no host-side accesses): the engine moves none of its
     /// pages (the no-signal rule, docs/engine.md).
     pub no_signal: bool,
+    /// How the host backs the guest RAM (THPs, hugetlbfs), or why that is not known.
+    pub backing: Option<BackingSummary>,
+    pub backing_problem: Option<String>,
 }
 
 /// A v1.1 tracker's report: its observation windows and CPU time.
@@ -660,6 +667,32 @@ impl VmStatus {
             vm(),
             u64::from(self.no_signal),
         );
+        if let Some(b) = &self.backing {
+            f.gauge(
+                "vtism_vm_thp_bytes",
+                "Guest RAM the host maps with transparent huge pages (smaps).",
+                vm(),
+                b.thp_bytes,
+            );
+            f.gauge(
+                "vtism_vm_hugetlb_bytes",
+                "Guest RAM on hugetlbfs.",
+                vm(),
+                b.hugetlb_bytes,
+            );
+            f.gauge(
+                "vtism_vm_huge_blocks",
+                "2 MiB blocks of guest RAM the host maps huge (PAGEMAP_SCAN, Linux >= 6.7).",
+                vm(),
+                b.huge_blocks,
+            );
+            f.gauge(
+                "vtism_vm_backing_blocks_known",
+                "1 if every 2 MiB block's backing is known (0: THPs in use, where not known).",
+                vm(),
+                u64::from(b.blocks_known),
+            );
+        }
     }
 }
 
@@ -772,6 +805,12 @@ impl DaemonStatus {
             "VMs dropped because their memory map no longer matched the process's mappings.",
             vec![],
             self.vms_dropped_lying,
+        );
+        f.counter(
+            "vtism_qmp_slow_refreshes",
+            "Re-reads of a VM its QEMU monitor did not answer in time (dropped after three in a row).",
+            vec![],
+            self.qmp_slow_refreshes,
         );
         f.gauge(
             "vtism_round_seconds",

@@ -7,17 +7,18 @@
 //! go or registers it again with the tiering round.
 
 use crate::admission::{self, Rules};
+use crate::backing::{self, RangeBacking};
 use crate::config::{Config, VmSettings};
 use crate::mtree::GuestMemory;
 use crate::process::ProcessIdentity;
-use crate::qmp::Qmp;
+use crate::qmp::{Qmp, QmpError};
 use crate::topology::HostTopology;
 use crate::vm::{self, VmInfo};
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 use vtism_engine::{NodeId, VmId};
 
 /// A managed VM, QEMU's side of it.
@@ -35,6 +36,8 @@ pub struct ManagedVm {
     refreshed: Option<anyhow::Result<VmInfo>>,
     /// Guest RAM with host addresses (shared with a plan in flight).
     pub memory: Arc<GuestMemory>,
+    /// How the host backs the guest RAM, as of the last (re-)read, or why it is not known.
+    pub backing: Result<Vec<RangeBacking>, String>,
     pub home: Option<NodeId>,
     /// A different home seen at the last refresh (moved only when seen twice in a row).
     home_candidate: Option<NodeId>,
@@ -42,8 +45,14 @@ pub struct ManagedVm {
     last_refresh: Instant,
     /// A reset or device event seen when the refresh under way started.
     resync_pending: bool,
+    /// Re-reads in a row the monitor did not answer in time.
+    slow_refreshes: u32,
     pub settings: VmSettings,
 }
+
+/// A monitor that misses this many re-reads in a row is let go: one that misses fewer is busy
+/// (a loaded host, a QEMU main loop held up), not dead, and the VM keeps what it had.
+pub const SLOW_REFRESHES_MAX: u32 = 3;
 
 /// What a VM's watch found.
 pub enum Watch {
@@ -53,12 +62,13 @@ pub enum Watch {
     /// The re-read failed, not fatally; the next one tries again.
     RefreshFailed(anyhow::Error),
     /// Re-read from QEMU. `resync`: a reset or a device event (the guest's channel restarts);
-    /// `reregister`: the memory map or home changed, or a resync, so the engine must relearn
-    /// the VM.
+    /// `reregister`: the memory map changed, or a resync, so the engine must relearn the VM;
+    /// `rehomed`: only its home node changed (the engine keeps what it learnt).
     Refreshed {
-        info: VmInfo,
+        info: Box<VmInfo>,
         resync: bool,
         reregister: bool,
+        rehomed: bool,
     },
 }
 
@@ -66,8 +76,11 @@ pub enum Watch {
 type Refreshing = (Qmp, Result<VmInfo, RefreshError>);
 
 enum RefreshError {
-    /// The monitor is unusable (closed, timed out, lying): the VM goes.
+    /// The monitor is unusable (closed, garbled, lying): the VM goes.
     Fatal(String),
+    /// The monitor did not answer within the exchange's deadline; a late answer is skipped by
+    /// its id, so the connection stays usable.
+    Slow(QmpError),
     Failed(anyhow::Error),
 }
 
@@ -79,6 +92,8 @@ pub struct Registry {
     pub dropped: u64,
     /// VMs let go because a refresh found QEMU lying about its memory.
     pub dropped_lying: u64,
+    /// Re-reads a monitor did not answer in time.
+    pub slow_refreshes: u64,
 }
 
 impl Default for Registry {
@@ -89,6 +104,7 @@ impl Default for Registry {
             host_ram_bytes: admission::host_ram_bytes(),
             dropped: 0,
             dropped_lying: 0,
+            slow_refreshes: 0,
         }
     }
 }
@@ -114,6 +130,7 @@ impl Registry {
         let id = self.next_id();
         self.next_id = id.0 + 1;
         let now = Instant::now();
+        log_backing(&name, None, &info.backing);
         self.vms.insert(
             id,
             ManagedVm {
@@ -125,12 +142,14 @@ impl Registry {
                 qmp: Some(qmp),
                 refresh: None,
                 refreshed: None,
+                backing: info.backing,
                 memory: Arc::new(info.memory),
                 home,
                 home_candidate: None,
                 attached: now,
                 last_refresh: now,
                 resync_pending: false,
+                slow_refreshes: 0,
                 settings,
             },
         );
@@ -203,9 +222,26 @@ impl Registry {
                 Ok((qmp, r)) => {
                     v.refresh = None;
                     v.qmp = Some(qmp);
+                    if !matches!(r, Err(RefreshError::Slow(_))) {
+                        v.slow_refreshes = 0;
+                    }
                     match r {
                         Ok(info) => v.refreshed = Some(Ok(info)),
                         Err(RefreshError::Failed(e)) => return Watch::RefreshFailed(e),
+                        Err(RefreshError::Slow(q)) => {
+                            self.slow_refreshes += 1;
+                            v.slow_refreshes += 1;
+                            if v.slow_refreshes >= SLOW_REFRESHES_MAX {
+                                return Watch::Gone(format!(
+                                    "QMP: {q} in {} re-reads in a row",
+                                    v.slow_refreshes
+                                ));
+                            }
+                            return Watch::RefreshFailed(anyhow::anyhow!(
+                                "QMP: {q} ({} of {SLOW_REFRESHES_MAX} re-reads in a row); kept",
+                                v.slow_refreshes
+                            ));
+                        }
                         Err(RefreshError::Fatal(why)) => {
                             if why.starts_with(LIE) {
                                 self.dropped_lying += 1;
@@ -258,6 +294,42 @@ impl Registry {
     }
 }
 
+/// Says what the host backs a VM's guest RAM with when it is first known and when that changes
+/// in kind (hugetlbfs, THPs where or not where, or an error), not at every re-read: khugepaged
+/// changes THP bytes all the time.
+fn log_backing(
+    vm: &str,
+    was: Option<&Result<Vec<RangeBacking>, String>>,
+    now: &Result<Vec<RangeBacking>, String>,
+) {
+    let kind = |b: &Result<Vec<RangeBacking>, String>| match b {
+        Ok(r) => {
+            let s = backing::summarize(r);
+            Ok((s.hugetlb_page_bytes, s.thp_bytes > 0, s.blocks_known))
+        }
+        Err(e) => Err(e.clone()),
+    };
+    if was.map(kind) == Some(kind(now)) {
+        return;
+    }
+    match now {
+        Ok(r) => {
+            let s = backing::summarize(r);
+            info!(
+                vm,
+                ram_mib = s.ram_bytes >> 20,
+                hugetlb_mib = s.hugetlb_bytes >> 20,
+                hugetlb_page_kib = s.hugetlb_page_bytes >> 10,
+                thp_mib = s.thp_bytes >> 20,
+                huge_blocks = s.huge_blocks,
+                blocks_known = s.blocks_known,
+                "guest RAM backing"
+            );
+        }
+        Err(e) => warn!(vm, error = %e, "guest RAM backing not known"),
+    }
+}
+
 /// How a refresh that found QEMU lying about its memory is reported.
 const LIE: &str = "QEMU lies about its memory";
 
@@ -270,6 +342,7 @@ impl ManagedVm {
         };
         let budget = Duration::from_millis(cfg.admission.qmp_exchange_timeout_ms);
         let identity = self.identity;
+        let last = self.backing.as_ref().ok().cloned();
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("vtism-refresh".into())
@@ -283,11 +356,17 @@ impl ManagedVm {
                     (Ok(_), Err(e)) => Err(RefreshError::Fatal(format!(
                         "the QEMU process changed: {e}"
                     ))),
-                    (Ok(info), Ok(_)) => match rules.check_memory(&identity, &info) {
-                        Ok(()) => Ok(info),
+                    (Ok(mut info), Ok(_)) => match rules.check_memory(&identity, &info) {
+                        Ok(()) => {
+                            vm::read_backing(&mut info, last.as_deref());
+                            Ok(info)
+                        }
                         Err(e) => Err(RefreshError::Fatal(format!("{LIE}: {e}"))),
                     },
                     (Err(e), _) if e.is_lie() => Err(RefreshError::Fatal(format!("{LIE}: {e}"))),
+                    (Err(vm::InspectError::Qmp(q @ QmpError::Timeout)), _) => {
+                        Err(RefreshError::Slow(q))
+                    }
                     (Err(vm::InspectError::Qmp(q)), _) if q.is_fatal() => {
                         Err(RefreshError::Fatal(format!("QMP: {q}")))
                     }
@@ -311,6 +390,8 @@ impl ManagedVm {
     fn apply_refresh(&mut self, info: VmInfo, resync: bool, topo: &HostTopology) -> Watch {
         let resync = resync || std::mem::take(&mut self.resync_pending);
         let changed = !info.memory.same_as(&self.memory);
+        log_backing(&self.name, Some(&self.backing), &info.backing);
+        self.backing = info.backing.clone();
         let home_moved = self.follow_home(&info, topo);
         if changed {
             info!(
@@ -318,19 +399,20 @@ impl ManagedVm {
                 reset = resync, "memory map changed; re-registering"
             );
             self.memory = Arc::new(info.memory.clone());
-        } else if resync || home_moved {
+        } else if resync {
             info!(vm = %self.name, reset = resync, home = ?self.home.map(|h| h.0), "re-registering");
         }
         Watch::Refreshed {
-            info,
+            info: Box::new(info),
             resync,
-            reregister: changed || resync || home_moved,
+            reregister: changed || resync,
+            rehomed: home_moved,
         }
     }
 
     /// The home node follows the vCPU threads (unless the configuration names it); an answer
     /// that differs from the current home moves it only when the next refresh agrees, so vCPUs
-    /// that merely wander for a moment do not make the engine relearn the VM. True if it moved.
+    /// that merely wander for a moment do not redirect promotions. True if it moved.
     fn follow_home(&mut self, info: &VmInfo, topo: &HostTopology) -> bool {
         if self.settings.home_node.is_some() {
             return false;
@@ -403,6 +485,7 @@ mod tests {
             memory: memory.clone(),
             ivshmem: Vec::new(),
             vcpu_threads: Vec::new(),
+            backing: Err("not read".into()),
         };
         let mut reg = Registry::default();
         let settings = cfg.vm_settings("vm", Path::new("/x.qmp"), memory.bytes());

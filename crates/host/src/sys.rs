@@ -381,3 +381,69 @@ mod tests {
         assert!(process_cpu_seconds() >= 0.0);
     }
 }
+
+/// `PAGEMAP_SCAN` (Linux >= 6.7): `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
+/// `PAGE_IS_HUGE`: mapped by a huge page table entry (a PMD-mapped THP, or hugetlbfs).
+pub const PAGE_IS_HUGE: u64 = 1 << 6;
+
+/// `struct pm_scan_arg` (include/uapi/linux/fs.h).
+#[repr(C)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+/// `struct page_region`: `[start, end)` whose pages share `categories`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageRegion {
+    pub start: u64,
+    pub end: u64,
+    pub categories: u64,
+}
+
+/// One `PAGEMAP_SCAN` over `[start, end)` of the process whose `/proc/PID/pagemap` is
+/// `pagemap`: the regions whose pages have every category of `required`, into `out` (as many as
+/// it holds). Returns how many it filled and where the walk ended (`end` when it saw all of the
+/// range). `ENOTTY` or `EINVAL` on kernels without the ioctl.
+pub fn pagemap_scan(
+    pagemap: &std::fs::File,
+    start: u64,
+    end: u64,
+    required: u64,
+    out: &mut [PageRegion],
+) -> io::Result<(usize, u64)> {
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        flags: 0,
+        start,
+        end,
+        walk_end: 0,
+        vec: out.as_mut_ptr() as u64,
+        vec_len: out.len() as u64,
+        max_pages: 0,
+        category_inverted: 0,
+        category_mask: required,
+        category_anyof_mask: 0,
+        return_mask: required,
+    };
+    // SAFETY: `arg` is a `struct pm_scan_arg` of the size it says, live for the call; `vec`
+    // points at `out.len()` writable `struct page_region`s, which is all the kernel writes; the
+    // scanned addresses belong to the other process and are never dereferenced here.
+    let r = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(((r as usize).min(out.len()), arg.walk_end))
+}

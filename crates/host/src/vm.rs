@@ -1,6 +1,7 @@
 //! What the daemon learns about one VM over QMP: name, pid, guest RAM with host addresses, the
 //! channel's backing file, vCPU threads.
 
+use crate::backing;
 use crate::mtree::{self, Gpa2Hva, GuestMemory, MappedRange, MemoryMapError};
 use crate::process::{self, Vma};
 use crate::qmp::{Qmp, QmpError};
@@ -87,6 +88,20 @@ pub struct VmInfo {
     pub memory: GuestMemory,
     pub ivshmem: Vec<IvshmemDevice>,
     pub vcpu_threads: Vec<i32>,
+    /// How the host backs the guest RAM (`read_backing`), or why it could not be read.
+    pub backing: Result<Vec<backing::RangeBacking>, String>,
+}
+
+/// Reads how the host backs `info`'s guest RAM (smaps and pagemap of its QEMU; off the main
+/// loop, after the memory map passed its checks), from `last` where it still applies.
+pub fn read_backing(info: &mut VmInfo, last: Option<&[backing::RangeBacking]>) {
+    let ranges: Vec<(Hva, u64)> = info
+        .memory
+        .ranges
+        .iter()
+        .map(|r| (r.hva, r.len_bytes()))
+        .collect();
+    info.backing = backing::read(info.pid, &ranges, last).map_err(|e| e.to_string());
 }
 
 fn as_list(v: &Value) -> &[Value] {
@@ -320,6 +335,7 @@ pub fn inspect(q: &mut Qmp) -> Result<VmInfo, InspectError> {
         memory,
         ivshmem,
         vcpu_threads,
+        backing: Err("not read yet".into()),
     })
 }
 

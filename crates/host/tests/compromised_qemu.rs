@@ -25,6 +25,9 @@ use vtism_proto::{ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta
 /// A slow monitor's answer time: inside the per-command timeout of `daemon_sections` (2 s), so
 /// only the exchange deadline can cut it off.
 const SLOW_ANSWER: Duration = Duration::from_millis(1500);
+/// A busy monitor's one late answer: past the per-command timeout (2 s) and the exchange
+/// deadline the hiccup test sets (2 s).
+const HICCUP: Duration = Duration::from_millis(2500);
 
 /// Not a test of its own: the body of a fake QEMU child process. Without its environment it
 /// returns at once.
@@ -52,6 +55,12 @@ fn hostile_qemu_process() {
         match mode.as_str() {
             "slow" => {
                 std::thread::sleep(SLOW_ANSWER);
+                honest
+            }
+            // Busy once: one answer later than the exchange's deadline, then on time again.
+            "hiccup" => {
+                std::thread::sleep(HICCUP);
+                let _ = std::fs::remove_file(&turn);
                 honest
             }
             "huge" => json!("x".repeat(16 << 20)),
@@ -294,13 +303,61 @@ fn hostile_after_attach(mode: &str, exchange_ms: u64) -> (Daemon, u64) {
 #[test]
 fn a_slow_monitor_is_dropped_at_its_deadline_without_delaying_others() {
     // Each answer within the per-command timeout: before the exchange deadline, a refresh of
-    // ~10 commands took 15 s on the main loop.
+    // ~10 commands took 15 s on the main loop. Now each re-read ends at the 3 s deadline, and
+    // the third in a row unanswered drops the VM.
     let (mut d, took_ms) = hostile_after_attach("slow", 3000);
+    let max = u64::from(vtism_host::registry::SLOW_REFRESHES_MAX);
     assert!(
-        took_ms < 3000 + 200 + 2 * 1500 + 1000,
+        took_ms < max * (3000 + 200 + 1500) + 1000,
         "dropped after {took_ms} ms"
     );
+    assert!(
+        d.status()["daemon"]["qmp_slow_refreshes"].as_u64().unwrap() >= max,
+        "{}",
+        d.status()["daemon"]
+    );
     d.shutdown();
+}
+
+#[test]
+fn a_monitor_late_once_keeps_its_vm() {
+    // A QEMU whose monitor is held up once (a loaded host) is busy, not gone: its VM stays
+    // managed under the same id, with what the engine learned of it, and the miss is counted.
+    let dir = test_dir("hiccup");
+    let good = spawn_qemu(&dir, "good", "good");
+    let busy = spawn_qemu(&dir, "busy", "hiccup");
+    // re-reads every 3 s, so the next starts after the late answer (2.5 s) came
+    let mut d = daemon(&dir, 3000, 2000);
+    let mut guest = Guest::new(&good);
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        vm_status(d, "busy").is_some() && accepted(d, "good") >= 2
+    });
+    let id = vm_status(&d, "busy").unwrap()["id"].clone();
+    busy.turn();
+    let slowest = rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        d.status()["daemon"]["qmp_slow_refreshes"].as_u64() == Some(1)
+    });
+    // two re-reads more, answered in time
+    let t = Instant::now();
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |_| {
+        t.elapsed() > Duration::from_secs(7)
+    });
+    let status = d.status();
+    assert_eq!(
+        vm_status(&d, "busy").map(|v| v["id"].clone()),
+        Some(id),
+        "the busy VM was let go: {status}"
+    );
+    assert_eq!(status["daemon"]["vms_dropped"], 0, "{}", status["daemon"]);
+    assert_eq!(
+        status["daemon"]["qmp_slow_refreshes"], 1,
+        "{}",
+        status["daemon"]
+    );
+    assert!(slowest < ON_TIME, "a round took {slowest:?}");
+    d.shutdown();
+    drop((good, busy));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
