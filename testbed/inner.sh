@@ -57,7 +57,7 @@ qemu-system-x86_64 -accel tcg,tb-size=64 -machine q35 -cpu qemu64,cx16=off -smp 
 	-numa node,nodeid=0,memdev=ram0 \
 	-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-guest.chan,size=1M,share=on \
 	-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
-	-kernel "$VMLINUZ" -initrd "$GUEST_INITRD" \
+	-kernel "$GUEST_KERNEL" -initrd "$GUEST_INITRD" \
 	-append "console=ttyS0 panic=-1 vtism.gups=$GUPS_ARGS vtism.control_s=$CONTROL_S vtism.params=$MODULE_PARAMS" \
 	-serial file:$W/guest-console.log \
 	-qmp unix:$W/qmp/guest.qmp,server=on,wait=off \

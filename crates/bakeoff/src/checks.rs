@@ -149,6 +149,8 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
+            damon: Vec::new(),
+            damon_trace: Vec::new(),
         }
     }
 

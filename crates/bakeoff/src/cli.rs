@@ -46,6 +46,15 @@ pub enum BakeoffCommand {
     /// Inside the emulated host: run the plan (started by testbed/bakeoff-inner.sh).
     #[command(hide = true)]
     Conduct(ConductArgs),
+    /// Inside the emulated host: a process that sleeps on a CPU a short time at a time (the
+    /// DAMON probe's second phase, crate::damon_watch).
+    #[command(hide = true)]
+    TlbFlusher {
+        #[arg(long)]
+        cpu: usize,
+        #[arg(long)]
+        period_us: u64,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,6 +104,9 @@ pub struct ReportArgs {
 pub fn bakeoff_main(a: BakeoffArgs) -> anyhow::Result<()> {
     match a.command {
         Some(BakeoffCommand::Conduct(c)) => return conduct::conduct(c),
+        Some(BakeoffCommand::TlbFlusher { cpu, period_us }) => {
+            return crate::damon_watch::tlb_flusher(cpu, period_us)
+        }
         Some(BakeoffCommand::Report(r)) => {
             let md = match r.docs {
                 Some(d) => d,

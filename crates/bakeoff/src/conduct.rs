@@ -8,16 +8,19 @@
 //! kernel's high watermark); start the workload and wait for its ground truth; start the manager
 //! and sample; stop the manager, release the hog.
 
+use crate::damon_tiering::Recipe;
+use crate::damon_watch;
 use crate::hog::{self, Hog};
 use crate::host_stats::{self, Counters};
 use crate::managers::{
     self, Running, CXL_NODES, DRAM_NODE, DRAM_NODES, OTHER_DRAM_NODE, VM_CGROUP,
 };
-use crate::nested_guest::{GuestConfig, NestedGuest};
+use crate::nested_guest::{loadavg, GuestConfig, NestedGuest};
 use crate::plan::{GroundTruth, Manager, Plan, Shape};
 use crate::record::{CpuRecord, HogRecord, RunRecord, RunSample};
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vtism_testbed::guest_console::GupsTruth;
 use vtism_testbed::placement::GuestRam;
@@ -34,9 +37,15 @@ pub struct ConductArgs {
 
 const WORK: &str = "/tmp/bakeoff";
 const COUNTS: &str = "/dev/shm/vtism-access-counts";
-/// The nested guest boots in about 100 s on an idle machine, several times that on a loaded one.
-const BOOT_LIMIT: Duration = Duration::from_secs(1500);
-const READY_LIMIT: Duration = Duration::from_secs(900);
+/// The nested guest boots in about 100 s on an idle machine, several times that on a loaded one
+/// (7 minutes seen at load 8).
+const BOOT_LIMIT: Duration = Duration::from_secs(2400);
+/// The workload populates its memory and prints its ground truth (redis loads its keys first):
+/// a minute or two on an idle machine.
+const READY_LIMIT: Duration = Duration::from_secs(1800);
+/// Samples that fail in a row (a move_pages(2) query or a counter read refused) before the run
+/// is given up; a single failed sample is a second without a sample, and a note.
+const SAMPLE_FAILURES: u32 = 30;
 
 fn say(s: &str) {
     println!("TB {s}");
@@ -53,6 +62,7 @@ pub fn conduct(a: ConductArgs) -> anyhow::Result<()> {
     .context("plan.json")?;
     plan.workload.validate()?;
     let dir = PathBuf::from(WORK);
+    say(&format!("conductor: load {}", loadavg()));
     std::fs::create_dir_all(&dir)?;
     host_setup()?;
     // The conductor keeps off the VM's CPU.
@@ -66,43 +76,58 @@ pub fn conduct(a: ConductArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let ram_mib = plan.workload.guest_mib();
-    let mut guest = NestedGuest::start(&GuestConfig {
+    let cfg = GuestConfig {
         ram_mib,
-        vmlinuz: &plan.vmlinuz,
+        kernel: &plan.guest_kernel,
         initrd: &plan.guest_initrd,
         plugin,
         dir: &dir,
         cpu: 0,
         cgroup_procs: &procs,
-    })?;
-    say(&format!(
-        "nested guest started (pid {}, {ram_mib} MiB, pinned to CPU 0 / node 0{}); it boots under TCG inside TCG",
-        guest.pid,
-        if plugin.is_some() { ", with the page-count TCG plugin" } else { "" }
-    ));
-    let mut last = 0;
-    let booted = guest.wait_ready(BOOT_LIMIT, &mut |s| {
-        if s >= last + 30 {
-            last = s;
-            say(&format!("waiting for the nested guest: {s} s"));
-        }
-    });
-    let booted = match booted {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = std::fs::copy(&guest.console_path, a.out.join("guest-console.log"));
-            guest.kill();
-            return Err(e);
-        }
     };
-    say(&format!("nested guest up: {booted}"));
-    let ram = GuestRam::from_qmp(&guest.qmp)?;
-    let mut result = Ok(());
+    let (mut guest, mut ram) = boot_guest(&cfg, &a.out, 0)?;
+    let mut boots = 1;
     let mut hogs = Vec::new();
-    for &m in &plan.workload.managers {
+    let managers = &plan.workload.managers;
+    for (i, &m) in managers.iter().enumerate() {
+        // A run that failed may have left the guest hung or dead: the next manager gets a fresh
+        // one rather than losing its run too.
+        if guest.hung || !guest.alive() {
+            say(&format!(
+                "the nested guest {}: restarting it for {}",
+                if guest.hung {
+                    "stopped answering"
+                } else {
+                    "died"
+                },
+                m.name()
+            ));
+            guest.kill();
+            save_console(&guest, &a.out, boots);
+            match boot_guest(&cfg, &a.out, boots) {
+                Ok((g, r)) => {
+                    (guest, ram) = (g, r);
+                    boots += 1;
+                }
+                Err(e) => {
+                    say(&format!("restarting the nested guest failed: {e:#}"));
+                    for &m in &managers[i..] {
+                        failed_record(
+                            &plan,
+                            m,
+                            &ram,
+                            format!("the nested guest could not be restarted: {e:#}"),
+                        )
+                        .write(&a.out)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
         say(&format!("== {} under {}", plan.workload.name, m.name()));
+        let t = Instant::now();
         let rec = run_one(&plan, m, &mut hogs, &mut guest, &ram, &dir, &a.out);
-        let rec = match rec {
+        let mut rec = match rec {
             Ok(r) => r,
             Err(e) => {
                 say(&format!("{} failed: {e:#}", m.name()));
@@ -110,16 +135,68 @@ pub fn conduct(a: ConductArgs) -> anyhow::Result<()> {
                 failed_record(&plan, m, &ram, format!("{e:#}"))
             }
         };
-        rec.write(&a.out)?;
-        if !guest.alive() {
-            result = Err(anyhow::anyhow!("the nested guest died during {}", m.name()));
-            break;
+        if boots > 1 {
+            rec.notes.push(format!(
+                "ran in the nested guest's boot {boots} (an earlier run left the first one hung or dead)"
+            ));
         }
+        say(&format!(
+            "{} done in {:.0} s (load {})",
+            m.name(),
+            t.elapsed().as_secs_f64(),
+            loadavg()
+        ));
+        rec.write(&a.out)?;
     }
-    let _ = guest.command("stop", Duration::from_secs(60));
+    if !guest.hung {
+        let _ = guest.command("reset", Duration::from_secs(60));
+    }
     guest.kill();
-    let _ = std::fs::copy(&guest.console_path, a.out.join("guest-console.log"));
-    result
+    save_console(&guest, &a.out, boots);
+    Ok(())
+}
+
+/// Boots the nested guest and reads its RAM map.
+fn boot_guest(cfg: &GuestConfig, out: &Path, boot: u32) -> anyhow::Result<(NestedGuest, GuestRam)> {
+    let mut guest = NestedGuest::start(cfg)?;
+    say(&format!(
+        "nested guest started (pid {}, {} MiB, pinned to CPU 0 / node 0{}); it boots under TCG inside TCG",
+        guest.pid,
+        cfg.ram_mib,
+        if cfg.plugin.is_some() { ", with the page-count TCG plugin" } else { "" }
+    ));
+    let mut last = 0;
+    let booted = guest.wait_ready(BOOT_LIMIT, &mut |s| {
+        if s >= last + 30 {
+            last = s;
+            say(&format!(
+                "waiting for the nested guest: {s} s (load {})",
+                loadavg()
+            ));
+        }
+    });
+    let booted = match booted {
+        Ok(b) => b,
+        Err(e) => {
+            guest.kill();
+            save_console(&guest, out, boot + 1);
+            return Err(e);
+        }
+    };
+    say(&format!("nested guest up: {booted}"));
+    let ram = GuestRam::from_qmp(&guest.qmp)?;
+    Ok((guest, ram))
+}
+
+/// The nested guest's console into the results: guest-console.log, or guest-console-N.log for
+/// the N-th boot after the first.
+fn save_console(guest: &NestedGuest, out: &Path, boot: u32) {
+    let name = if boot <= 1 {
+        "guest-console.log".to_string()
+    } else {
+        format!("guest-console-{boot}.log")
+    };
+    let _ = std::fs::copy(&guest.console_path, out.join(name));
 }
 
 fn failed_record(plan: &Plan, m: Manager, ram: &GuestRam, error: String) -> RunRecord {
@@ -139,6 +216,8 @@ fn failed_record(plan: &Plan, m: Manager, ram: &GuestRam, error: String) -> RunR
         vtismd: None,
         cpu: CpuRecord::default(),
         samples: Vec::new(),
+        damon: Vec::new(),
+        damon_trace: Vec::new(),
     }
 }
 
@@ -274,6 +353,7 @@ fn wait_workload(plan: &Plan, guest: &mut NestedGuest, ram: &GuestRam) -> anyhow
     let start = Instant::now();
     let mut gups = GupsTruth::default();
     let redis = matches!(plan.workload.shape, Shape::Redis { .. });
+    let mut next_report = 120;
     loop {
         for l in guest.lines()? {
             if let Some(e) = l.strip_prefix("TBERR ") {
@@ -289,9 +369,21 @@ fn wait_workload(plan: &Plan, guest: &mut NestedGuest, ram: &GuestRam) -> anyhow
         }
         if start.elapsed() > READY_LIMIT {
             bail!(
-                "the workload was not ready within {} s",
-                READY_LIMIT.as_secs()
+                "the workload was not ready within {} s (load {})",
+                READY_LIMIT.as_secs(),
+                loadavg()
             );
+        }
+        if !guest.alive() {
+            bail!("the nested QEMU exited while the workload started");
+        }
+        if start.elapsed().as_secs() >= next_report {
+            next_report += 60;
+            say(&format!(
+                "waiting for the workload's ground truth: {:.0} s (load {})",
+                start.elapsed().as_secs_f64(),
+                loadavg()
+            ));
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -390,7 +482,8 @@ fn run_one(
 ) -> anyhow::Result<RunRecord> {
     let w = &plan.workload;
     let limit = w.dram_limit_mib << 20;
-    guest.command("stop", Duration::from_secs(120))?;
+    // From a clean guest whatever the run before left: no workload, no tracker.
+    guest.command("reset", Duration::from_secs(120))?;
     let _ = guest.lines()?;
     let t = Instant::now();
     restore_placement(ram)?;
@@ -430,9 +523,42 @@ fn run_one(
     let kswapd0 = host_stats::kswapd_cpu();
     let running = managers::start(m, plan, guest, dir, out)?;
     let t0 = Instant::now();
+    // DAMON's regions at a few points of its run (docs/bakeoff.md, "DAMON").
+    let hot_hvas = Arc::new(Mutex::new(damon_watch::hvas(ram, &truth.hot)));
+    let watcher = running.damon().map(|d| {
+        let r = w.run_s as f64;
+        damon_watch::Watcher::start(
+            d.observer(),
+            Recipe::default(),
+            ram.pid,
+            hot_hvas.clone(),
+            vec![10.0, 30.0, r / 2.0, r - 15.0],
+            "the damon run".into(),
+        )
+    });
+    let tracer = if m == Manager::Damon {
+        managers::damon_nodes()
+            .and_then(|n| {
+                damon_watch::Tracer::start(
+                    n.slow_ranges,
+                    ram.pid,
+                    hot_hvas.clone(),
+                    "the damon run",
+                    Recipe::default().max_nr_accesses(),
+                    true,
+                )
+            })
+            .map_err(|e| say(&format!("DAMON's tracepoints not followed: {e:#}")))
+            .ok()
+    } else {
+        None
+    };
+    let mut moves_seen = 0;
     let mut samples = Vec::new();
     let mut next = Duration::from_millis(plan.sample_ms);
     let mut result = Ok(());
+    let (mut failures_in_row, mut failed_samples) = (0, 0);
+    let mut last_sample_error = None;
     while t0.elapsed() < Duration::from_secs(w.run_s) {
         let wait = next.saturating_sub(t0.elapsed());
         std::thread::sleep(wait);
@@ -463,6 +589,26 @@ fn run_one(
                     ));
                 }
                 samples.push(s);
+                failures_in_row = 0;
+                if truth.moves != moves_seen {
+                    moves_seen = truth.moves;
+                    if let Ok(mut h) = hot_hvas.lock() {
+                        *h = damon_watch::hvas(ram, &truth.hot);
+                    }
+                }
+            }
+            // The guest's own error or its death ends the run; anything else costs a sample.
+            Err(e)
+                if failures_in_row + 1 < SAMPLE_FAILURES
+                    && guest.alive()
+                    && !is_guest_error(&e) =>
+            {
+                failures_in_row += 1;
+                failed_samples += 1;
+                if failed_samples <= 3 {
+                    say(&format!("a sample failed (skipped): {e:#}"));
+                }
+                last_sample_error = Some(format!("{e:#}"));
             }
             Err(e) => {
                 result = Err(e);
@@ -474,7 +620,8 @@ fn run_one(
     let guest_tracker_s = if m.is_vtism() {
         // Reading /proc in a nested guest on a loaded machine can take more than a minute.
         guest
-            .command("cpu", Duration::from_secs(240))
+            .command("cpu", Duration::from_secs(120))
+            .map_err(|e| say(&format!("the guest's tracker CPU time: {e:#}")))
             .ok()
             .map(|lines| {
                 lines
@@ -506,13 +653,38 @@ fn run_one(
     let damos = running.damos();
     let vtismd = running.vtismd_status();
     let vmstat = host_stats::delta(&vm0, &host_stats::vmstat());
+    let mut damon = watcher.map(|w| w.finish()).unwrap_or_default();
+    let mut damon_trace = tracer.map(|t| t.finish()).unwrap_or_default();
+    for s in &damon_trace {
+        say(&format!("DAMON trace: {}", s.summary()));
+    }
+    // What DAMON's monitoring sees on this stage where nothing acts, after the baseline's
+    // samples (and its CPU times) are taken.
+    if m == Manager::None && w.managers.contains(&Manager::Damon) && !truth.hot.is_empty() {
+        say("DAMON probe: the recipe's monitoring of the CXL nodes, a stat scheme only: 30 s as the stage is, 30 s with a process on CPU 0 waking every millisecond, 30 s with 20x longer intervals");
+        match managers::damon_nodes()
+            .and_then(|n| damon_watch::probe(&plan.bin, &n, ram, &truth.hot, 0, 30.0))
+        {
+            Ok(p) => {
+                damon = p.snapshots;
+                damon_trace = p.trace;
+            }
+            Err(e) => say(&format!("DAMON probe failed: {e:#}")),
+        }
+    }
     // The samples stand even when ending the manager or the workload fails afterwards (a
     // loaded nested guest can take minutes to end its tracker): the failure is a note.
     let mut notes = Vec::new();
+    if failed_samples > 0 {
+        notes.push(format!(
+            "{failed_samples} sample(s) failed and were skipped; the last: {}",
+            last_sample_error.unwrap_or_default()
+        ));
+    }
     if let Err(e) = running.stop(guest) {
         notes.push(format!("stopping the manager: {e:#}"));
     }
-    if let Err(e) = guest.command("stop", Duration::from_secs(300)) {
+    if let Err(e) = guest.command("stop", Duration::from_secs(120)) {
         notes.push(format!("ending the workload: {e:#}"));
     }
     result?;
@@ -532,7 +704,14 @@ fn run_one(
         vtismd,
         cpu,
         samples,
+        damon,
+        damon_trace,
     })
+}
+
+/// The guest reported an error of its own (a `TBERR` line): the run cannot go on.
+fn is_guest_error(e: &anyhow::Error) -> bool {
+    e.to_string().starts_with("the guest: ")
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -12,6 +12,7 @@ pub mod checks;
 pub mod cli;
 pub mod conduct;
 pub mod damon_tiering;
+pub mod damon_watch;
 pub mod driver;
 pub mod hog;
 pub mod host_stats;

@@ -235,6 +235,8 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
+            damon: Vec::new(),
+            damon_trace: Vec::new(),
         }
     }
 

@@ -298,9 +298,9 @@ impl Default for VtismSettings {
         VtismSettings {
             module_params: "cpu_budget_bp=2000 interval_k=1 interval_kb=10 interval_base_ms=1000 interval_max_ms=3000"
                 .into(),
-            agent_args: "--interval-k 1 --interval-kb 10 --interval-base-ms 1000 \
-                         --interval-max-ms 3000"
-                .into(),
+            // The agent's own loop sets its intervals; only its CPU budget needs the module's
+            // TCG scaling (the DAMON e2e runs it at 20% for the same reason).
+            agent_args: "--cpu-budget-bp 2000".into(),
             daemon_interval_ms: 1000,
         }
     }
@@ -313,7 +313,8 @@ pub struct Plan {
     pub vtism: VtismSettings,
     /// The vtism binary (this machine's, over virtfs).
     pub bin: PathBuf,
-    pub vmlinuz: PathBuf,
+    /// The nested guest's kernel (unpacked for PVH boot where it can be; testbed/prepare.sh).
+    pub guest_kernel: PathBuf,
     pub guest_initrd: PathBuf,
     /// The TCG plugin, when the workload's ground truth needs it.
     pub plugin: Option<PathBuf>,
@@ -323,6 +324,34 @@ pub struct Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The trackers' settings are ones they take: the agent's arguments parse with its own
+    /// command line, and every module parameter is one the module declares. (A refused argument
+    /// ends the agent in the nested guest, where the run would only show a tracker that never
+    /// published.)
+    #[test]
+    fn vtism_settings_name_real_options() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Agent {
+            #[command(flatten)]
+            guest: vtism_guest::cli::GuestArgs,
+        }
+        let s = VtismSettings::default();
+        let args = std::iter::once("guest").chain(s.agent_args.split_whitespace());
+        if let Err(e) = Agent::try_parse_from(args) {
+            panic!("agent_args `{}`: {e}", s.agent_args);
+        }
+        let source = include_str!("../../../guest/module/vtism_main.c");
+        for p in s.module_params.split_whitespace() {
+            let name = p.split('=').next().unwrap();
+            assert!(
+                source.contains(&format!("VT_PARAM({name},"))
+                    || source.contains(&format!("module_param_named({name},")),
+                "module parameter {name} is not declared in vtism_main.c"
+            );
+        }
+    }
 
     #[test]
     fn the_standard_bakeoff_is_valid() {

@@ -2,7 +2,8 @@
 //! (`<manager>.jsonl`) and the run's record (`<manager>.run.json`), written by the conductor
 //! inside the emulated host and read by the report.
 
-use crate::damon_tiering::SchemeStats;
+use crate::damon_tiering::{SchemeStats, Snapshot};
+use crate::damon_watch::TraceStats;
 use crate::host_stats::{Counters, CpuTime};
 use crate::plan::Manager;
 use serde::{Deserialize, Serialize};
@@ -89,6 +90,13 @@ pub struct RunRecord {
     pub vtismd: Option<serde_json::Value>,
     pub cpu: CpuRecord,
     pub samples: Vec<RunSample>,
+    /// DAMON's regions at a few points: the `damon` run's kdamonds, and the probe after the
+    /// `none` run (crate::damon_watch).
+    #[serde(default)]
+    pub damon: Vec<Snapshot>,
+    /// DAMON's tracepoints summed per phase: the `damon` run's, the probe's.
+    #[serde(default)]
+    pub damon_trace: Vec<TraceStats>,
 }
 
 impl RunRecord {

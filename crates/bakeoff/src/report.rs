@@ -17,11 +17,49 @@ const HEAD: &str = include_str!("../doc/head.md");
 const TAIL: &str = include_str!("../doc/tail.md");
 const MIB: f64 = (1u64 << 20) as f64;
 
-/// One boot's results: the plan, its runs, and how long the boot took.
+/// One boot's results: the plan, its runs, how long the boot took and the machine's load
+/// meanwhile.
 pub struct WorkloadRuns {
     pub plan: Plan,
     pub records: Vec<RunRecord>,
     pub wall_s: Option<f64>,
+    pub load: Option<Load>,
+}
+
+/// This machine's 1-minute load average while a workload ran (sampled every 30 s by the driver).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Load {
+    pub mean: f64,
+    pub max: f64,
+    pub samples: usize,
+}
+
+impl Load {
+    /// From the driver's `loadavg` file ("<s> <load>" per line).
+    pub fn parse(text: &str) -> Option<Load> {
+        let v: Vec<f64> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .collect();
+        if v.is_empty() {
+            return None;
+        }
+        Some(Load {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            max: v.iter().copied().fold(f64::MIN, f64::max),
+            samples: v.len(),
+        })
+    }
+
+    /// Several workloads' loads as one, weighted by their samples.
+    fn merge(loads: &[Load]) -> Option<Load> {
+        let n: usize = loads.iter().map(|l| l.samples).sum();
+        (n > 0).then(|| Load {
+            mean: loads.iter().map(|l| l.mean * l.samples as f64).sum::<f64>() / n as f64,
+            max: loads.iter().map(|l| l.max).fold(f64::MIN, f64::max),
+            samples: n,
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -30,7 +68,10 @@ struct ResultsJson<'a> {
     runs: &'a [Outcome],
     promote_speed: &'a [PromoteSpeed],
     simulator: &'a [SimRow],
+    /// Each workload's boot, seconds; "total" is their sum.
     wall_s: BTreeMap<String, f64>,
+    /// This machine's 1-minute load average during each workload's boot.
+    load: BTreeMap<String, Load>,
 }
 
 /// Reads every `<dir>/<workload>/` with a plan.json.
@@ -54,10 +95,14 @@ pub fn read_runs(dir: &Path) -> anyhow::Result<Vec<WorkloadRuns>> {
         let wall_s = std::fs::read_to_string(d.join("wall_s"))
             .ok()
             .and_then(|t| t.trim().parse().ok());
+        let load = std::fs::read_to_string(d.join("loadavg"))
+            .ok()
+            .and_then(|t| Load::parse(&t));
         out.push(WorkloadRuns {
             plan,
             records,
             wall_s,
+            load,
         });
     }
     Ok(out)
@@ -296,6 +341,91 @@ fn counters(w: &WorkloadRuns) -> String {
     s
 }
 
+/// What DAMON saw: every snapshot of the kdamonds' regions (the `damon` run's, and the probe
+/// after the `none` run), or None when no run took any.
+fn damon_view(w: &WorkloadRuns) -> Option<String> {
+    let shots: Vec<(&RunRecord, &crate::damon_tiering::Snapshot)> = ordered(&w.records)
+        .into_iter()
+        .flat_map(|r| r.damon.iter().map(move |s| (r, s)))
+        .collect();
+    if shots.is_empty() {
+        return None;
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| run | phase | at (s) | kdamond | state | regions | with nr_accesses > 0 (MiB) | at the promotion threshold or above (MiB) | max nr_accesses (of) | hot frames in regions seen accessed |"
+    );
+    let _ = writeln!(s, "|{}", " --- |".repeat(10));
+    for (r, x) in shots {
+        let (n, b) = x.accessed();
+        let (pn, pb) = x.promotable();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} of {} (in {} of {} regions) |",
+            r.manager.name(),
+            x.phase,
+            x.t_s,
+            x.kdamond,
+            x.state,
+            x.regions.len(),
+            n,
+            mib(b),
+            pn,
+            mib(pb),
+            x.regions.iter().map(|r| r.nr_accesses).max().unwrap_or(0),
+            x.max_nr_accesses,
+            x.hot_frames_seen,
+            x.hot_frames,
+            x.hot_regions_seen,
+            x.hot_regions
+        );
+    }
+    Some(s)
+}
+
+/// DAMON's tracepoint sums per phase and side, or None when no run traced it.
+fn damon_trace_view(w: &WorkloadRuns) -> Option<String> {
+    let rows: Vec<(&RunRecord, &crate::damon_watch::TraceStats)> = ordered(&w.records)
+        .into_iter()
+        .flat_map(|r| r.damon_trace.iter().map(move |t| (r, t)))
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| run | phase | monitored | aggregations (s) | region-aggregations with nr_accesses > 0 | of regions holding hot frames | access ratio | max nr_accesses (of) | migration scheme tried (MiB) |"
+    );
+    let _ = writeln!(s, "|{}", " --- |".repeat(9));
+    for (r, t) in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.0} ({:.0}) | {} of {} | {} of {} | {:.3}% | {} ({}) | {} ({}) |",
+            r.manager.name(),
+            t.phase,
+            if t.side == "slow" {
+                "CXL nodes"
+            } else {
+                "DRAM node 0"
+            },
+            t.aggregations,
+            t.span_s,
+            t.accessed_events,
+            t.region_events,
+            t.hot_accessed_events,
+            t.hot_region_events,
+            100.0 * t.access_ratio,
+            t.max_nr_accesses,
+            t.samples_per_aggregation,
+            t.tried_events,
+            mib(t.tried_bytes)
+        );
+    }
+    Some(s)
+}
+
 /// GUPS: the measured update rate and the period between two uniform updates of one page.
 fn gups_rate_line(w: &crate::plan::Workload, os: &[Outcome]) -> Option<String> {
     let crate::plan::Shape::Gups {
@@ -467,11 +597,7 @@ fn manager_of(name: &str) -> Manager {
 
 /// Writes docs/bakeoff.md (`md`), results.json and the plots (`assets`, the md's sibling
 /// directory of the same stem).
-pub fn write(
-    runs: &[WorkloadRuns],
-    md_path: &Path,
-    total_wall_s: Option<f64>,
-) -> anyhow::Result<()> {
+pub fn write(runs: &[WorkloadRuns], md_path: &Path) -> anyhow::Result<()> {
     let assets = md_path.with_extension("");
     std::fs::create_dir_all(&assets)?;
     let rel = assets
@@ -484,24 +610,41 @@ pub fn write(
     let mut promote = Vec::new();
     let mut sims = Vec::new();
     let mut walls = BTreeMap::new();
+    let mut loads = BTreeMap::new();
     let _ = writeln!(md, "\n## Results\n");
-    if let Some(t) = total_wall_s {
+    let timed: Vec<(&str, f64)> = runs
+        .iter()
+        .filter_map(|w| Some((w.plan.workload.name.as_str(), w.wall_s?)))
+        .collect();
+    if !timed.is_empty() {
+        let total: f64 = timed.iter().map(|t| t.1).sum();
+        let load = Load::merge(&runs.iter().filter_map(|w| w.load).collect::<Vec<_>>());
         let _ = writeln!(
             md,
-            "The run these results come from took {:.0} minutes on the 2-core machine, booting the \
-             emulated host once per workload ({}; each workload's line below says its own time and \
-             how long each manager ran).\n",
-            t / 60.0,
-            runs.iter()
-                .map(|w| w.plan.workload.name.as_str())
+            "The run these results come from took {:.0} minutes on the 2-core machine in all, the \
+             sum of its workloads' boots of the emulated host ({}){}; each workload's line below \
+             says how long each manager ran.\n",
+            total / 60.0,
+            timed
+                .iter()
+                .map(|(n, t)| format!("{n} {:.0} min", t / 60.0))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            load.map_or(String::new(), |l| format!(
+                ", with the machine's 1-minute load average at {:.1} on average and {:.1} at most \
+                 (sampled every 30 s)",
+                l.mean, l.max
+            ))
         );
+        walls.insert("total".to_string(), total);
     }
     for w in runs {
         let wl = &w.plan.workload;
         if let Some(t) = w.wall_s {
             walls.insert(wl.name.clone(), t);
+        }
+        if let Some(l) = w.load {
+            loads.insert(wl.name.clone(), l);
         }
         let files = plots(w, &assets)?;
         let _ = writeln!(md, "### {}\n\n{}.", wl.name, wl.about);
@@ -517,8 +660,12 @@ pub fn write(
                 GroundTruth::DramBytes => "the guest's bytes on DRAM",
             },
             w.wall_s.map_or(String::new(), |t| format!(
-                "; this boot took {:.0} min",
-                t / 60.0
+                "; this boot took {:.0} min{}",
+                t / 60.0,
+                w.load.map_or(String::new(), |l| format!(
+                    " at a load of {:.1} on average ({:.1} at most)",
+                    l.mean, l.max
+                ))
             ))
         );
         if wl.truth == GroundTruth::DramBytes {
@@ -571,6 +718,23 @@ pub fn write(
             all.extend(os);
         }
         let _ = writeln!(md, "Counters over each run (pages, from the emulated host's /proc/vmstat; DAMOS from its sysfs stats):\n\n{}", counters(w));
+        if let Some(v) = damon_trace_view(w) {
+            let _ = writeln!(
+                md,
+                "DAMON's view over time, from its tracepoints (`damon_aggregated`: every region \
+                 at every aggregation; `damos_before_apply`: every region the migration scheme \
+                 was tried on); the access ratio is what 6.15's interval auto-tuning scores \
+                 against its 4% goal:\n\n{v}"
+            );
+        }
+        if let Some(v) = damon_view(w) {
+            let _ = writeln!(
+                md,
+                "What DAMON saw (every monitoring region through a `stat` scheme's tried regions; \
+                 the workload's hot frames located by the nested QEMU's pagemap; the probe ran \
+                 after the `none` run's samples, nothing acting):\n\n{v}"
+            );
+        }
         for f in files {
             let _ = writeln!(md, "![{f}]({rel}/{f})\n");
         }
@@ -583,6 +747,7 @@ pub fn write(
         promote_speed: &promote,
         simulator: &sims,
         wall_s: walls,
+        load: loads,
     };
     std::fs::write(
         assets.join("results.json"),
@@ -623,7 +788,19 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
+            damon: Vec::new(),
+            damon_trace: Vec::new(),
         }
+    }
+
+    #[test]
+    fn load_samples_are_averaged_and_merged() {
+        assert_eq!(Load::parse(""), None);
+        let a = Load::parse("0 2.0\n30 4.0\nnonsense\n").unwrap();
+        assert_eq!((a.mean, a.max, a.samples), (3.0, 4.0, 2));
+        let b = Load::parse("0 9.0\n").unwrap();
+        let m = Load::merge(&[a, b]).unwrap();
+        assert_eq!((m.mean, m.max, m.samples), (5.0, 9.0, 3));
     }
 
     #[test]
@@ -641,7 +818,7 @@ mod tests {
                 workload: w,
                 vtism: VtismSettings::default(),
                 bin: "/x/vtism".into(),
-                vmlinuz: "/x/vmlinuz".into(),
+                guest_kernel: "/x/vmlinux".into(),
                 guest_initrd: "/x/initrd".into(),
                 plugin: None,
                 sample_ms: 1000,
@@ -652,12 +829,13 @@ mod tests {
                 rec(Manager::Damon, 0.95, 0),
                 rec(Manager::VtismModule, 0.8, 0),
             ],
-            wall_s: Some(600.0),
+            wall_s: Some(3600.0),
+            load: Load::parse("0 2.5\n30 3.5\n"),
         }];
         let dir = std::env::temp_dir().join(format!("vtism-bakeoff-report-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let md_path = dir.join("bakeoff.md");
-        write(&runs, &md_path, Some(3600.0)).unwrap();
+        write(&runs, &md_path).unwrap();
         let md = std::fs::read_to_string(&md_path).unwrap();
         assert!(md.contains("### gups-hotset"), "{md}");
         assert!(md.contains("| vtism-module | 80.0% |"), "{md}");
@@ -673,7 +851,14 @@ mod tests {
             md.contains("Peers over the DRAM limit: tiering by 4.0 MiB"),
             "{md}"
         );
-        assert!(md.contains("took 60 minutes on the 2-core machine"), "{md}");
+        assert!(
+            md.contains("took 60 minutes on the 2-core machine in all"),
+            "{md}"
+        );
+        assert!(
+            md.contains("load average at 3.0 on average and 3.5 at most"),
+            "{md}"
+        );
         assert!(md.contains("Cross-check with the simulator"), "{md}");
         let json: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(dir.join("bakeoff/results.json")).unwrap(),

@@ -16,8 +16,8 @@ tracker (control), then loads vtism_guest.ko; the probe samples, every second, w
 workload's hot and cold frames are, the guest's DRAM use against its quota, vtismd's hint rounds \
 and moves, and the workload's throughput.
 
-Time: without KVM the nested guest alone takes about 100 s to boot (TCG inside TCG) and the whole \
-demo 8-12 minutes on 2 cores; `--profile test` about 5-8 minutes.
+Time: without KVM the nested guest takes about five minutes to boot and populate its workload \
+(TCG inside TCG, idle 2-core machine); `--profile test` about 12 minutes in all, the demo longer.
 
 Output: progress per sample, then a summary, the checks (PASS/FAIL) and report.md with \
 placement.svg, memory.svg and activity.svg in the results directory.

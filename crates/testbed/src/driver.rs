@@ -26,6 +26,7 @@ pub fn run(o: RunOptions) -> anyhow::Result<bool> {
     let extra = [
         ("BIN", bin.display().to_string()),
         ("VMLINUZ", images.vmlinuz.clone()),
+        ("GUEST_KERNEL", images.guest_kernel.clone()),
         ("GUEST_INITRD", images.guest_initrd.clone()),
     ];
     std::fs::write(out.join("testbed.env"), o.settings.to_env(&extra))?;

@@ -77,6 +77,8 @@ pub fn pick_accel(requested: &str, vmlinuz: &str) -> String {
 pub struct Images {
     pub kver: String,
     pub vmlinuz: String,
+    /// The nested guest's kernel: the same one unpacked for QEMU's PVH boot where it can be.
+    pub guest_kernel: String,
     pub host_initrd: String,
     pub guest_initrd: String,
     /// Every KEY=value line prepare.sh printed (the bake-off's extra images among them).
@@ -99,12 +101,14 @@ pub fn prepare(repo: &Path, args: &[&str]) -> anyhow::Result<Images> {
     let mut images = Images {
         kver: String::new(),
         vmlinuz: String::new(),
+        guest_kernel: String::new(),
         host_initrd: String::new(),
         guest_initrd: String::new(),
         all,
     };
     images.kver = images.get("KVER")?;
     images.vmlinuz = images.get("VMLINUZ")?;
+    images.guest_kernel = images.get("GUEST_KERNEL")?;
     images.host_initrd = images.get("HOST_INITRD")?;
     images.guest_initrd = images.get("GUEST_INITRD")?;
     Ok(images)

@@ -43,6 +43,12 @@ impl GuestRam {
         self.hvas.len()
     }
 
+    /// The nested QEMU's address of frame `index` (the bake-off reads its host frame from the
+    /// QEMU's pagemap).
+    pub fn hva(&self, index: usize) -> Option<Hva> {
+        self.hvas.get(index).copied()
+    }
+
     pub fn gfn(&self, index: usize) -> Option<Gfn> {
         self.ram.gfn_at(index as u64)
     }

@@ -173,7 +173,8 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
         let nodes = l.ram.nodes()?;
         let on = |set: &[i32], i: usize| set.contains(&nodes[i]);
         let st = vtismd::status(&a.control_socket, &a.vm);
-        let field = |k: &str| st.as_ref().and_then(|v| v[k].as_u64()).unwrap_or(0);
+        let known = |k: &str| st.as_ref().and_then(|v| v[k].as_u64());
+        let field = |k: &str| known(k).unwrap_or(0);
         let s = Sample {
             t_s: t,
             phase: if loaded_at.is_some() {
@@ -200,6 +201,14 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             updates_per_s: con.truth.rate.map(|r| r.updates_per_s),
             hot_set_moves: l.generation,
             warm: settings.warm_after_s == 0 || con.truth.warm_at_ms.is_some(),
+            hot_dram_by_2mib: l
+                .hot
+                .chunks(512)
+                .map(|c| c.iter().filter(|&&i| on(&a.dram_nodes, i)).count() as u16)
+                .collect(),
+            tracker_window_us: known("tracker_window_us"),
+            tracker_coarse_window_us: known("tracker_coarse_window_us"),
+            tracker_cpu_us: known("tracker_cpu_us"),
         };
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         println!(

@@ -46,6 +46,18 @@ pub struct Sample {
     /// The workload's warm background runs (from the start, or since --warm-after).
     #[serde(default)]
     pub warm: bool,
+    /// Hot frames on DRAM per 512 of the hot set in the workload's address order (2 MiB of its
+    /// range each): whether a loss is spread or whole regions at once.
+    #[serde(default)]
+    pub hot_dram_by_2mib: Vec<u16>,
+    /// What the guest's tracker reported with its last round (vtismd's status): its fine and
+    /// coarse windows and its CPU since the round before.
+    #[serde(default)]
+    pub tracker_window_us: Option<u64>,
+    #[serde(default)]
+    pub tracker_coarse_window_us: Option<u64>,
+    #[serde(default)]
+    pub tracker_cpu_us: Option<u64>,
 }
 
 impl Sample {
@@ -524,6 +536,10 @@ mod tests {
             updates_per_s: Some(1_000_000),
             hot_set_moves: 0,
             warm: false,
+            hot_dram_by_2mib: Vec::new(),
+            tracker_window_us: None,
+            tracker_coarse_window_us: None,
+            tracker_cpu_us: None,
         }
     }
 
