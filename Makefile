@@ -34,18 +34,18 @@ build-release: deps
 	$(CARGO) build --release -p vtism
 
 # The whole stack in an emulated DRAM+CXL host (see `vtism testbed --help`). Without KVM this
-# takes 8-12 minutes on 2 cores: the nested guest alone boots in about 100 s under TCG in TCG.
+# takes a quarter of an hour or more on 2 cores: the nested guest boots in minutes under TCG in TCG.
 demo: deps-demo build-release
 	@echo "== vtism demo: vtismd, a guest with vtism_guest.ko and a GUPS workload, in an emulated"
-	@echo "   host with two DRAM and two CXL nodes. Without KVM this takes 8-12 minutes (the nested"
-	@echo "   guest alone boots in ~100 s under TCG inside TCG). Results go to build/testbed/runs/."
+	@echo "   host with two DRAM and two CXL nodes. Without KVM this takes a quarter of an hour or"
+	@echo "   more (the nested guest boots in minutes under TCG inside TCG). Results: build/testbed/runs/."
 	$(RELEASE_BIN) testbed --profile demo
 
 # The engine alone on a synthetic guest through a real channel region (seconds).
 demo-engine: build-release
 	$(RELEASE_BIN) demo
 
-test: deps-test lint test-rust test-c test-module test-e2e test-testbed test-packaging
+test: deps-test lint test-rust test-c test-module test-e2e test-testbed
 	@echo "make test: all passed"
 
 lint:
@@ -68,9 +68,9 @@ test-module:
 test-guest-e2e:
 	guest/tests/run-e2e.sh
 
-# The module's e2e and the host e2e in turn, the DAMON agent's e2e beside them (it mostly waits on
-# DAMON's aggregations): what make test runs of the two suites above.
-test-e2e: build-release
+# The module's e2e, the host e2e and the packaging test in turn, the DAMON agent's e2e beside them
+# (it mostly waits on DAMON's aggregations): what make test runs of the suites above and below.
+test-e2e: build-release deb
 	scripts/e2e-suites.sh
 
 # The DAMON agent's scenario alone.
@@ -100,7 +100,8 @@ deb: deps-deb
 	scripts/build-debs.sh
 
 # Both packages installed with dpkg in an emulated Debian host (systemd, libvirt, dkms; its root
-# filesystem is built under build/packaging/ and cached), vtismd managing a libvirt domain.
+# filesystem is built under build/packaging/ and cached), vtismd managing a libvirt domain. make
+# test runs it within test-e2e.
 test-packaging: deb
 	tests/packaging/run.sh
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# make test's end-to-end suites of the guest trackers and of vtismd, overlapped where that costs
-# nothing: the DAMON agent's e2e spends most of its 13-15 minutes waiting for DAMON's
-# aggregations (a load of about 0.5 on this 2-core machine), so it runs in the background while
-# the module's e2e (6.1, 6.12) and vtismd's host e2e run one after the other in the foreground.
+# make test's end-to-end suites of the guest trackers, of vtismd and of the packages, overlapped
+# where that costs nothing: the DAMON agent's e2e spends most of its 13-15 minutes waiting for
+# DAMON's aggregations (a load of about 0.5 on this 2-core machine), so it runs in the background
+# while the module's e2e (6.1, 6.12), vtismd's host e2e and the packaging test (the packages of
+# `make deb` in an emulated Debian host) run one after the other in the foreground: the packaging
+# test used to start after the testbed, and the DAMON agent's last minutes now pass beside it.
 # Prints each suite's output (the DAMON agent's last) and exits non-zero if any check failed or
 # a suite did not finish.
 #
-# usage: scripts/e2e-suites.sh        (make test-e2e; make test runs it)
-# env:   VTISM_E2E_OUT (default <repo>/build/e2e), and what the suites read themselves.
+# usage: scripts/e2e-suites.sh        (make test-e2e, after make build-release deb; make test runs it)
+# env:   VTISM_E2E_OUT (default <repo>/build/e2e), VTISM_E2E_PACKAGING=0 to leave the packaging
+#        test out, and what the suites read themselves.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${VTISM_E2E_OUT:-$repo/build/e2e}
@@ -18,13 +21,36 @@ echo "== the DAMON agent's e2e starts in the background (its output follows the 
 # In a session of its own, so that an interrupted run ends the suite's monitor and QEMU with it.
 setsid "$repo/guest/tests/run-damon-e2e.sh" >"$damon_log" 2>&1 &
 damon=$!
-trap 'kill -TERM -- -$damon 2>/dev/null' EXIT
+trap 'kill -TERM -- -$damon 2>/dev/null; [ -z "${rootfs:-}" ] || kill -TERM -- -$rootfs 2>/dev/null' EXIT
+
+# The packaging test's root filesystem (tests/packaging/mkrootfs.sh: apt downloads, dpkg unpacking,
+# mkfs; about three minutes) is built beside them too, so that the packaging test, which comes
+# last, finds it cached. Set VTISM_E2E_ROOTFS=0 to leave it to the packaging test.
+packaging=${VTISM_E2E_PACKAGING:-1}
+rootfs=
+rootfs_log=$out/packaging-rootfs.txt
+if [ "$packaging" = 1 ] && [ "${VTISM_E2E_ROOTFS:-1}" = 1 ]; then
+	if kver=$("$repo/scripts/guest-kernels.sh" 6.12 2>/dev/null | sed -n 's/^KVER=//p') && [ -n "$kver" ]; then
+		echo "== the packaging test's root filesystem is built in the background ($rootfs_log)"
+		(cd "$repo" && exec setsid nice -n 5 tests/packaging/mkrootfs.sh "$kver" build/packaging) >"$rootfs_log" 2>&1 &
+		rootfs=$!
+	fi
+fi
 
 rc=0
 echo "== the module's e2e"
 VTISM_E2E_DAMON=0 "$repo/guest/tests/run-e2e.sh" || rc=1
 echo "== vtismd's host e2e"
 "$repo/tests/host-e2e/run.sh" || rc=1
+if [ -n "$rootfs" ]; then
+	# not this suite's failure: the packaging test builds it again and reports
+	wait $rootfs || echo "e2e-suites: building the packaging root filesystem failed; the packaging test will try again ($rootfs_log)"
+	rootfs=
+fi
+if [ "$packaging" = 1 ]; then
+	echo "== the packages in an emulated Debian host"
+	"$repo/tests/packaging/run.sh" || rc=1
+fi
 
 echo "== waiting for the DAMON agent's e2e"
 wait $damon

@@ -26,12 +26,13 @@ case $profile in
 # QEMU and busybox for the emulated hosts and guests, cpio for their initramfs, libc6-dev for
 # static test programs, file/kmod/python3 for the guest e2e harness, pahole for the BTF that
 # 6.12's kbuild adds to modules (what Debian's linux-kbuild-6.12 depends on), mmdebstrap for the
-# packaging test's root filesystem. Kernel images and headers come from
+# packaging test's root filesystem, zstd to unpack the nested guests' kernel for PVH boot
+# (testbed/pvh-vmlinux.py). Kernel images and headers come from
 # scripts/guest-kernels.sh (extracted under build/, never installed), which the tests call.
-test) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 pahole mmdebstrap) ;;
+test) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 pahole mmdebstrap zstd) ;;
 # The testbed: the same emulated host and nested guest as the tests; xz-utils unpacks the QEMU
 # source the bake-off takes its plugin header from.
-demo) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 pahole xz-utils) ;;
+demo) extra=(qemu-system-x86 busybox-static cpio file kmod libc6-dev python3 pahole xz-utils zstd) ;;
 esac
 want=("${base[@]}" "${extra[@]}")
 
