@@ -17,6 +17,14 @@ out=${VTISM_E2E_OUT:-$repo/build/e2e}
 mkdir -p "$out"
 damon_log=$out/damon-background.txt
 
+# The guest kernels first, alone: every suite below calls scripts/guest-kernels.sh, which on a
+# cold cache (a fresh clone's `make test-e2e`) runs apt-get update, deletes the series' directory
+# and extracts into it; two suites doing that at once would clobber each other. Cached: a no-op.
+if ! "$repo/scripts/guest-kernels.sh" 6.1 6.12 >/dev/null; then
+	echo "e2e-suites: scripts/guest-kernels.sh failed"
+	exit 1
+fi
+
 echo "== the DAMON agent's e2e starts in the background (its output follows the other suites)"
 # In a session of its own, so that an interrupted run ends the suite's monitor and QEMU with it.
 setsid "$repo/guest/tests/run-damon-e2e.sh" >"$damon_log" 2>&1 &

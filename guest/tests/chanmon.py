@@ -205,9 +205,25 @@ class Monitor:
         self.keep_entries = True
         self.checks = []
         self.info = []  # (name, detail): reported, never failed
+        # phase -> the channel's round just after the host wrote its answer to that phase line
+        # (round_now()): the round after it may have read the feedback block before the write,
+        # the one after that cannot have
+        self.fb_written = {}
 
     def check(self, name, ok, detail):
         self.checks.append((name, bool(ok), detail))
+
+    def round_now(self):
+        """The round the channel holds now (a consistent copy; None if the guest keeps writing).
+        Read after a write to the feedback block it bounds which rounds were published knowing
+        it: the guest reads the block once per round before publishing, so round X + 2 and later
+        read it, whenever the host's serial poll saw the phase line that asked for it."""
+        for _ in range(500):
+            snap = self.ch.snapshot()
+            if snap is not None:
+                return parse_header(snap[0])["round"]
+            time.sleep(0.002)
+        return None
 
     # ---- while the guest runs ----
     def on_line(self, line):
@@ -219,8 +235,10 @@ class Monitor:
             self.phase_seen = name
             if name == "feedback-request":
                 self.ch.write_feedback(FEEDBACK_BUDGET, FEEDBACK_MIN_MS)
+                self.fb_written[name] = self.round_now()
             elif name == "feedback-end":
                 self.ch.write_feedback(0, 0)
+                self.fb_written[name] = self.round_now()
             elif name == "fast":
                 self.keep_entries = False  # fast rounds from here: validate, don't keep
             return

@@ -32,10 +32,16 @@ ST=/tmp/stats
 
 say() { echo "$*"; }
 result() { say "VTRESULT $1 $2 $3"; }
-rounds() { cat $RF 2>/dev/null || echo 0; }
+# The round from the stats file, which the agent replaces whole (a rename) after each round: the
+# status file ($RF) is rewritten in place, and read at that moment it is empty, which the numeric
+# tests below take for false (a wait that ends early, a phase line without its round).
+rounds() { r=$(stat_of rounds); echo "${r:-0}"; }
 phase() { say "VTPHASE $1 round=$(rounds)"; }
 stats() { [ -f $ST ] && sed "s/^/VTSTAT $1 /" $ST; }
 stat_of() { sed -n "s/^$1 //p" $ST 2>/dev/null; }
+# stat_in SNAPSHOT NAME: a value of a stats file read once (cat $ST), so values taken together
+# come from one round
+stat_in() { echo "$1" | sed -n "s/^$2 //p"; }
 # wait_rounds N [seconds]: N more rounds published
 wait_rounds() {
 	target=$(($(rounds) + $1)); t=0
@@ -44,14 +50,48 @@ wait_rounds() {
 		[ $t -lt $((${2:-120} * 2)) ] || { say "VTLOG wait_rounds $1 timed out"; return 1; }
 	done
 }
-# wait_settled N [seconds]: the intervals loop made no commit for N rounds in a row
+# wait_settled N [seconds]: the intervals loop made no commit for N rounds in a row (the commit
+# count and the round from one stats snapshot: read apart, a commit of the round that just
+# ended could be missed and that round counted as settled)
 wait_settled() {
-	t=0; c=$(stat_of attr_commits); since=$(rounds)
-	while [ $(($(rounds) - since)) -lt $1 ]; do
+	t=0; s=$(cat $ST 2>/dev/null); c=$(stat_in "$s" attr_commits); r=$(stat_in "$s" rounds)
+	since=${r:-0}; r=$since
+	while [ $((r - since)) -lt $1 ]; do
 		sleep 0.5; t=$((t + 1))
-		n=$(stat_of attr_commits)
-		[ "$n" = "$c" ] || { c=$n; since=$(rounds); }
+		s=$(cat $ST 2>/dev/null); n=$(stat_in "$s" attr_commits); r=$(stat_in "$s" rounds); r=${r:-0}
+		[ "$n" = "$c" ] || { c=$n; since=$r; }
 		[ $t -lt $((${2:-300} * 2)) ] || { say "VTLOG wait_settled $1 timed out"; return 1; }
+	done
+}
+# wait_stat_changes NAME OLD [seconds]: until the stats say NAME is no longer OLD (what the host
+# wrote on a phase line reached the agent: its serial poll may see the line late)
+wait_stat_changes() {
+	t=0
+	while [ "$(stat_of $1)" = "$2" ]; do
+		sleep 0.5; t=$((t + 1))
+		[ $t -lt $((${3:-120} * 2)) ] || { say "VTLOG wait_stat_changes $1 timed out"; return 1; }
+	done
+}
+# wait_stat_is NAME VALUE [seconds]: until a stats snapshot has NAME = VALUE; SNAP_ROUND is that
+# snapshot's round
+wait_stat_is() {
+	t=0
+	while :; do
+		s=$(cat $ST 2>/dev/null)
+		if [ "$(stat_in "$s" $1)" = "$2" ]; then
+			SNAP_ROUND=$(stat_in "$s" rounds)
+			return 0
+		fi
+		sleep 0.5; t=$((t + 1))
+		[ $t -lt $((${3:-120} * 2)) ] || { say "VTLOG wait_stat_is $1 $2 timed out"; return 1; }
+	done
+}
+# wait_round N [seconds]: until round N is published
+wait_round() {
+	t=0
+	while [ "$(rounds)" -lt "$1" ]; do
+		sleep 0.5; t=$((t + 1))
+		[ $t -lt $((${2:-120} * 2)) ] || { say "VTLOG wait_round $1 timed out"; return 1; }
 	done
 }
 # a DAMON sysfs file; reads fail (EBUSY) while a command holds DAMON's sysfs lock, which the
@@ -129,6 +169,12 @@ damon_echo on $D/0/state
 before=$(kdamond0)
 /bin/vtism guest $ARGS --status-file /tmp/rounds-1b >/tmp/wait.log 2>&1 &
 AG=$!
+# 8 s from when it says it waits: its start-up takes what this TCG guest gets of a loaded
+# machine, and a SIGTERM before it has its handler would end it with 143
+t=0
+until grep -q 'waiting until it is free' /tmp/wait.log || ! kill -0 $AG 2>/dev/null || [ $t -ge 600 ]; do
+	sleep 0.2; t=$((t + 1))
+done
 sleep 8
 mid=$(kdamond0)
 kill -TERM $AG
@@ -197,7 +243,9 @@ done
 cat /tmp/wl.log
 grep -q '^VTGT ready' /tmp/wl.log && result workload ok "pid $WL" || result workload fail "no ground truth"
 # the host writes its first quota now
+q0=$(stat_of quota_bytes)
 phase quota-1
+wait_stat_changes quota_bytes "$q0" 120
 wait_rounds 3 120
 wait_settled 4 300
 wait_rounds 2 120
@@ -207,9 +255,12 @@ wait_rounds 8 300
 stats steady
 phase steady-end
 
-# host feedback: an entry budget and a floor on the round period above the rounds' own
+# host feedback: an entry budget and a floor on the round period above the rounds' own. The
+# budget is in force from the first round that publishes 64 entries (the hot set has thousands);
+# the agent reads the floor earlier in a round than the budget, so that round may have missed
+# it: the rounds after the next one have both, whenever the host's serial poll saw the marker
 phase feedback-request
-wait_rounds 2 120
+wait_stat_is last_entries 64 180 && wait_round $((SNAP_ROUND + 1)) 120
 phase feedback
 wait_rounds 3 180
 phase feedback-end
@@ -217,7 +268,9 @@ phase feedback-end
 wait_rounds 2 180
 
 # a larger quota: longer windows (the boundary moves into the warm pages)
+q0=$(stat_of quota_bytes)
 phase quota-2
+wait_stat_changes quota_bytes "$q0" 120
 wait_rounds 2 120
 wait_settled 3 300
 phase quota-2-steady

@@ -97,6 +97,7 @@ class Monitor(chanmon.Monitor):
             elif name == "feedback-end":
                 self.fb.budget, self.fb.min_ms = 0, 0
             self.fb.write()
+            self.fb_written[name] = self.round_now()
             return
         m = re.match(r"VTGT (hot|warm|cold|thp) (\w+) (\d) (\d+) (\d+)$", line)
         if m:
@@ -314,8 +315,13 @@ class Monitor(chanmon.Monitor):
                                     s["f"]["interval_ms"] >= self.floor_ms)]
         gaps = [(q["f"]["publish_ns"] - p["f"]["publish_ns"]) / 1e6
                 for p, q in zip(fbw, fbw[1:]) if q["f"]["round"] == p["f"]["round"] + 1]
+        # the first round after the one in flight when the host cleared the budget: the host
+        # writes when its serial poll reads feedback-end, which a loaded machine may delay by
+        # rounds, so the one in flight is the one after the channel's round at the write
         fe = self.phase_round("feedback-end")
-        after = [s for s in self.snaps if fe is not None and s["f"]["round"] > fe + 1]
+        xe = self.fb_written.get("feedback-end")
+        first = None if fe is None else fe + 1 if xe is None else max(fe + 1, xe + 1)
+        after = [s for s in self.snaps if first is not None and s["f"]["round"] > first]
         self.check("feedback-budget", fbw and not bad and after and
                    after[0]["f"]["count"] > FEEDBACK_BUDGET,
                    "%d rounds with entry_budget=%d: count=%d, OVERFLOW, the hottest; bad %s; "

@@ -74,6 +74,16 @@ wait_stat_changes() {
 		[ $t -lt $((${3:-60} * 5)) ] || return 1
 	done
 }
+# wait_snap NAME VALUE [timeout_s]: until one consistent snapshot of the counters (debugfs) has
+# NAME = VALUE, so that a round counted after it came later. Each sysfs file is read on its own:
+# NAME there can be seen new while rounds, written after it in the same round, is still old.
+wait_snap() {
+	t=0
+	until [ "$(sed -n "s/^$1 //p" /sys/kernel/debug/vtism_guest/stats 2>/dev/null)" = "$2" ]; do
+		sleep 0.2; t=$((t + 1))
+		[ $t -lt $((${3:-60} * 5)) ] || return 1
+	done
+}
 rand_ms() { echo $(($(od -An -N2 -tu2 /dev/urandom) % $1)); }
 msleep() { usleep $(($1 * 1000)); }
 
@@ -175,8 +185,10 @@ echo 1000 >$P/credit_bank_ms
 wait_rounds 2 60
 
 # ---- host feedback: the host sets entry_budget and min_interval_ms on this marker ----
+# (the module reads them at the start of a round and reports them with that round's count, so
+# every round after the snapshot that shows them publishes with them)
 phase feedback-request
-if wait_stat feedback_entry_budget 64 60; then
+if wait_snap feedback_entry_budget 64 60; then
 	phase feedback
 	wait_rounds 4 60
 	phase feedback-end

@@ -32,11 +32,13 @@ log "building (release)"
 nice -n 10 cargo build --release -q -p vtism >&2
 nice -n 10 cargo build --release -q -p vtism-host --example e2e-harness >&2
 
+# The initramfs and the results directory are this run's own (another run may share the checkout).
 mkdir -p build/host-e2e
-tests/host-e2e/mkinitramfs.sh "$MODDIR" build/host-e2e/initramfs.cpio.gz
+initrd=$(mktemp build/host-e2e/initramfs.XXXXXX)
 out=$(mktemp -d /tmp/vtism-host-e2e.XXXXXX)
 chmod 755 "$out"
-[ "${VTISM_E2E_KEEP:-0}" = 1 ] || trap 'rm -rf "$out"' EXIT
+trap 'rm -f "$initrd"; [ "${VTISM_E2E_KEEP:-0}" = 1 ] || rm -rf "$out"' EXIT
+tests/host-e2e/mkinitramfs.sh "$MODDIR" "$initrd"
 
 # shellcheck source=tests/lib/emuhost.sh
 . tests/lib/emuhost.sh
@@ -45,7 +47,7 @@ log "booting the emulated host (kernel $KVER)"
 set +e
 timeout "${VTISM_E2E_TIMEOUT:-600}" nice -n 10 qemu-system-x86_64 \
 	"${emuhost_machine[@]}" \
-	-kernel "$VMLINUZ" -initrd build/host-e2e/initramfs.cpio.gz \
+	-kernel "$VMLINUZ" -initrd "$initrd" \
 	-append "console=ttyS0 quiet panic=-1 vtism.run=$repo/tests/host-e2e/inner.sh" \
 	-virtfs local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap \
 	-virtfs local,path="$out",mount_tag=results,security_model=none \
