@@ -65,9 +65,11 @@ qemu-system-x86_64 -accel tcg,tb-size=64 -machine q35 -cpu qemu64,cx16=off -smp 
 	-daemonize -pidfile $W/guest.pid
 if [ -s $W/guest.pid ]; then
 	say "nested guest started (pid $(cat $W/guest.pid), ${GUEST_MIB} MiB on nodes 2-3); it boots Debian $(basename "$VMLINUZ" | sed 's/vmlinuz-//') under TCG inside TCG"
+	capture=()
+	[ "${CAPTURE_LEVELS:-0}" = 1 ] && capture=(--channel /dev/shm/vtism-guest.chan)
 	$BIN testbed probe --qmp $W/probe.qmp --control-socket $W/ctl.sock \
 		--console $W/guest-console.log --samples $OUT/samples.jsonl \
-		--dram-nodes 0,1 --slow-nodes 2,3 --settings $OUT/testbed.env
+		--dram-nodes 0,1 --slow-nodes 2,3 --settings $OUT/testbed.env "${capture[@]}"
 	say "probe exited with $?"
 else
 	say "nested guest did not start"

@@ -87,6 +87,11 @@ pub struct RunArgs {
     /// start.
     #[arg(long, value_name = "S")]
     pub warm_after: Option<u64>,
+    /// Read the guest's channel at every sample and record what it published (`levels` in
+    /// samples.jsonl: the hot set's levels per 2 MiB, what else holds DRAM). A diagnostic: it
+    /// costs the emulated host a channel read and decode a second.
+    #[arg(long)]
+    pub capture_levels: bool,
 }
 
 pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
@@ -131,6 +136,7 @@ pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
         settings,
         check: r.check,
         accel: r.accel,
+        capture_levels: r.capture_levels,
     })?;
     if ok {
         Ok(())

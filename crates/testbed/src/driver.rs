@@ -14,6 +14,8 @@ pub struct RunOptions {
     pub settings: Settings,
     pub check: bool,
     pub accel: String,
+    /// The probe records the guest's published levels (`--capture-levels`).
+    pub capture_levels: bool,
 }
 
 pub fn run(o: RunOptions) -> anyhow::Result<bool> {
@@ -28,6 +30,7 @@ pub fn run(o: RunOptions) -> anyhow::Result<bool> {
         ("VMLINUZ", images.vmlinuz.clone()),
         ("GUEST_KERNEL", images.guest_kernel.clone()),
         ("GUEST_INITRD", images.guest_initrd.clone()),
+        ("CAPTURE_LEVELS", u8::from(o.capture_levels).to_string()),
     ];
     std::fs::write(out.join("testbed.env"), o.settings.to_env(&extra))?;
     let _ = std::fs::remove_file(out.join("samples.jsonl"));

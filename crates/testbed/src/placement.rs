@@ -39,6 +39,11 @@ impl GuestRam {
         })
     }
 
+    /// The guest's RAM map, as vtismd validates hints against it.
+    pub fn ram_map(&self) -> &vtism_proto::RamMap {
+        &self.ram
+    }
+
     pub fn frames(&self) -> usize {
         self.hvas.len()
     }

@@ -5,7 +5,7 @@
 
 use crate::guest_console::{ConsoleTail, GupsTruth};
 use crate::placement::GuestRam;
-use crate::report::{Phase, Sample};
+use crate::report::{Phase, PublishedLevels, Sample};
 use crate::settings::Settings;
 use crate::vtismd;
 use anyhow::{bail, Context};
@@ -39,6 +39,9 @@ pub struct ProbeArgs {
     pub vm: String,
     #[arg(long, default_value_t = 1000)]
     pub period_ms: u64,
+    /// The guest's channel file: the published levels go into the samples (`levels`).
+    #[arg(long)]
+    pub channel: Option<PathBuf>,
 }
 
 /// What the guest said on its console so far.
@@ -72,6 +75,8 @@ struct Layout {
     hot: Vec<usize>,
     cold: Vec<usize>,
     next: Vec<usize>,
+    /// The hot set before the last move.
+    old_hot: Vec<usize>,
     generation: u32,
 }
 
@@ -81,6 +86,7 @@ fn layout(qmp: &Path, c: &Console) -> anyhow::Result<Layout> {
         hot: ram.indices(&c.truth.hot)?,
         cold: ram.indices(&c.truth.cold)?,
         next: ram.indices(&c.truth.next)?,
+        old_hot: Vec::new(),
         ram,
         generation: 0,
     })
@@ -93,7 +99,7 @@ impl Layout {
         let mut all: Vec<usize> = self.hot.iter().chain(&self.cold).copied().collect();
         all.sort_unstable();
         self.cold = all.into_iter().filter(|i| !next.contains(i)).collect();
-        self.hot = std::mem::take(&mut self.next);
+        self.old_hot = std::mem::replace(&mut self.hot, std::mem::take(&mut self.next));
         self.generation += 1;
     }
 }
@@ -209,6 +215,10 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             tracker_window_us: known("tracker_window_us"),
             tracker_coarse_window_us: known("tracker_coarse_window_us"),
             tracker_cpu_us: known("tracker_cpu_us"),
+            levels: a
+                .channel
+                .as_deref()
+                .and_then(|c| published_levels(c, l, &nodes, &a.dram_nodes)),
         };
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         println!(
@@ -262,6 +272,76 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             bail!("the tracker module was not loaded {t:.0} s into the run");
         }
     }
+}
+
+/// The published level of every guest frame in the channel's current round (0: not published),
+/// or None when the channel holds no valid round.
+fn frame_levels(channel: &Path, ram: &GuestRam) -> Option<(u64, Vec<u8>)> {
+    let bytes = std::fs::read(channel).ok()?;
+    let region = vtism_proto::OwnedRegion::from_bytes(&bytes);
+    let round = vtism_proto::ChannelReader::new()
+        .read(&region, ram.ram_map())
+        .ok()??;
+    let mut lv = vec![0u8; ram.frames()];
+    for e in &round.entries {
+        let Some(first) = ram.index_of(e.gfn()) else {
+            continue;
+        };
+        for i in first..(first + e.frames() as usize).min(lv.len()) {
+            lv[i] = lv[i].max(e.count());
+        }
+    }
+    Some((round.round, lv))
+}
+
+fn median(mut v: Vec<u8>) -> u8 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// What the guest published, as the engine sees it: the hot set's levels per 2 MiB of its range,
+/// and which frames hold the rest of the DRAM at what levels.
+fn published_levels(
+    channel: &Path,
+    l: &Layout,
+    nodes: &[i32],
+    dram: &[i32],
+) -> Option<PublishedLevels> {
+    let (round, lv) = frame_levels(channel, &l.ram)?;
+    let hot: std::collections::HashSet<usize> = l.hot.iter().copied().collect();
+    let old: std::collections::HashSet<usize> = l.old_hot.iter().copied().collect();
+    let on_dram = |i: usize| dram.contains(&nodes[i]);
+    let others: Vec<usize> = (0..lv.len())
+        .filter(|&i| on_dram(i) && !hot.contains(&i))
+        .collect();
+    let outside: Vec<u8> = (0..lv.len())
+        .filter(|&i| !on_dram(i) && !hot.contains(&i))
+        .map(|i| lv[i])
+        .collect();
+    let mut sorted = outside.clone();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    Some(PublishedLevels {
+        round,
+        hot_by_2mib: l
+            .hot
+            .chunks(512)
+            .map(|c| median(c.iter().map(|&i| lv[i]).collect()))
+            .collect(),
+        hot_off_dram: median(
+            l.hot
+                .iter()
+                .filter(|&&i| !on_dram(i))
+                .map(|&i| lv[i])
+                .collect(),
+        ),
+        dram_others: others.len() as u64,
+        dram_others_old_hot: others.iter().filter(|i| old.contains(i)).count() as u64,
+        dram_others_median: median(others.iter().map(|&i| lv[i]).collect()),
+        off_dram_top512: sorted.get(511).copied().unwrap_or(0),
+    })
 }
 
 #[cfg(test)]

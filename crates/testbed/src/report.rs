@@ -58,6 +58,27 @@ pub struct Sample {
     pub tracker_coarse_window_us: Option<u64>,
     #[serde(default)]
     pub tracker_cpu_us: Option<u64>,
+    /// What the guest published in its current round, read from the channel on the host side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub levels: Option<PublishedLevels>,
+}
+
+/// Published levels (channel v1.1, 0: not published) against where the frames are.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PublishedLevels {
+    pub round: u64,
+    /// Median level of the hot set's frames per 2 MiB of its range (as `hot_dram_by_2mib`).
+    pub hot_by_2mib: Vec<u8>,
+    /// Median level of the hot set's frames not on DRAM.
+    pub hot_off_dram: u8,
+    /// Guest frames on DRAM outside the hot set, those of the hot set before the move, and
+    /// their median level.
+    pub dram_others: u64,
+    pub dram_others_old_hot: u64,
+    pub dram_others_median: u8,
+    /// The 512th highest level among frames neither on DRAM nor in the hot set: what a 2 MiB
+    /// region of the hot set competes with.
+    pub off_dram_top512: u8,
 }
 
 impl Sample {
@@ -540,6 +561,7 @@ mod tests {
             tracker_window_us: None,
             tracker_coarse_window_us: None,
             tracker_cpu_us: None,
+            levels: None,
         }
     }
 
