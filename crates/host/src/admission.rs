@@ -39,11 +39,17 @@ pub enum Refusal {
     MemoryMap { pid: i32, source: vm::InspectError },
     #[error("QEMU pid {pid} exited or its pid was reused during the attach")]
     PidChanged { pid: i32 },
+    #[error("QEMU pid {pid} matches the [[vm]] entry `{entry}`, which VM {holder} has: one live VM per entry")]
+    EntryInUse {
+        pid: i32,
+        entry: String,
+        holder: String,
+    },
 }
 
 impl Refusal {
     /// Every reason's label, for metrics that show the zeros too.
-    pub const LABELS: [&'static str; 7] = [
+    pub const LABELS: [&'static str; 8] = [
         "not_qemu",
         "uid",
         "process",
@@ -51,6 +57,7 @@ impl Refusal {
         "ram_not_mapped",
         "bad_memory_map",
         "pid_changed",
+        "entry_in_use",
     ];
 
     /// The reason as a metric label.
@@ -63,6 +70,7 @@ impl Refusal {
             Refusal::Memory { .. } => "ram_not_mapped",
             Refusal::MemoryMap { .. } => "bad_memory_map",
             Refusal::PidChanged { .. } => "pid_changed",
+            Refusal::EntryInUse { .. } => "entry_in_use",
         }
     }
 }

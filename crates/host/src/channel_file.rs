@@ -1,11 +1,15 @@
-//! A VM's channel file: opened so that a path QEMU names cannot make the daemon open anything
-//! but a regular file of QEMU's user, mapped so that shrinking it cannot kill the daemon, and
-//! checked every round so that a resized or replaced file ends the VM's channel.
+//! A VM's channel file: opened so that a path QEMU (or the configuration) names cannot make the
+//! daemon open anything but QEMU's own ivshmem backend, mapped so that shrinking it cannot kill
+//! the daemon, and checked every round so that a resized or replaced file ends the VM's channel.
 //!
 //! The path is opened with O_PATH | O_NOFOLLOW (no symlink as the last component; opening an
-//! O_PATH descriptor has no side effects, even on a device), its type and owner are checked on
-//! that descriptor, and only then is the same inode opened for reading and writing through
-//! /proc/self/fd, and checked again. The mapping is guarded against SIGBUS (`sigbus`).
+//! O_PATH descriptor has no side effects, even on a device), and on that descriptor it is
+//! checked to be a regular file of QEMU's user with one link, on tmpfs or hugetlbfs, that the
+//! QEMU process itself maps shared and writable (`open_backend`): the daemon then writes only
+//! into a file QEMU writes anyway, not into whatever QEMU's user may open (another VM's disk
+//! image or RAM file, which sVirt/AppArmor keep from that QEMU but not from a root daemon).
+//! Only then is the same inode opened for reading and writing through /proc/self/fd, and
+//! checked again. The mapping is guarded against SIGBUS (`sigbus`).
 
 use crate::sigbus::Guard;
 use std::ffi::CString;
@@ -15,6 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use thiserror::Error;
 use vtism_proto::MmapRegion;
 
 /// What identifies the file that was mapped.
@@ -63,6 +68,77 @@ impl fmt::Display for Fault {
     }
 }
 
+/// Why a file named as a VM's channel is not taken: nothing is read from or written to it.
+#[derive(Debug, Error)]
+pub enum Refusal {
+    #[error("channel is not a regular file: {0}")]
+    NotRegular(&'static str),
+    #[error("channel file is owned by uid {file}, QEMU runs as uid {qemu}")]
+    Owner { file: u32, qemu: u32 },
+    #[error("channel file is on a filesystem of type {0:#x}, not tmpfs or hugetlbfs")]
+    Filesystem(u64),
+    #[error("channel file has {0} links, not 1")]
+    Links(u64),
+    #[error(
+        "QEMU pid {pid} does not map the channel file shared and writable: not its ivshmem backend"
+    )]
+    NotMapped { pid: i32 },
+    #[error("channel file is already the channel of VM {0}")]
+    InUse(String),
+}
+
+impl Refusal {
+    /// Every reason's label, for metrics that show the zeros too.
+    pub const LABELS: [&'static str; 6] = [
+        "not_regular",
+        "owner",
+        "filesystem",
+        "links",
+        "not_mapped",
+        "in_use",
+    ];
+
+    /// The metric label.
+    pub const fn label(&self) -> &'static str {
+        match self {
+            Refusal::NotRegular(_) => "not_regular",
+            Refusal::Owner { .. } => "owner",
+            Refusal::Filesystem(_) => "filesystem",
+            Refusal::Links(_) => "links",
+            Refusal::NotMapped { .. } => "not_mapped",
+            Refusal::InUse(_) => "in_use",
+        }
+    }
+
+    fn into_io(self) -> io::Error {
+        let kind = match self {
+            Refusal::Owner { .. } => io::ErrorKind::PermissionDenied,
+            _ => io::ErrorKind::InvalidInput,
+        };
+        io::Error::new(kind, self.to_string())
+    }
+}
+
+/// Why a channel file could not be opened: refused by a check, or an I/O error (not there yet,
+/// too small, ...).
+#[derive(Debug, Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// What a file must be to be taken as a VM's channel (`ChannelFile::open_backend`).
+#[derive(Clone, Copy, Debug)]
+pub struct Backend {
+    /// QEMU's uid: the file's owner must be it, unless it is 0 (a root QEMU may name any file
+    /// of its own) or `None` (a path from the configuration).
+    pub owner: Option<u32>,
+    /// The QEMU process, which must map the file shared and writable.
+    pub pid: i32,
+}
+
 /// A mapped channel file. Unmapped on drop.
 pub struct ChannelFile {
     path: PathBuf,
@@ -105,7 +181,7 @@ fn open_fd(path: &CString, flags: i32) -> io::Result<OwnedFd> {
 
 /// Regular, and owned by `owner` if given (uid 0 owns nothing special: a root QEMU may name any
 /// file of its own).
-fn check_file(st: &libc::stat, owner: Option<u32>) -> io::Result<()> {
+fn check_file(st: &libc::stat, owner: Option<u32>) -> Result<(), Refusal> {
     let kind = match st.st_mode & libc::S_IFMT {
         libc::S_IFREG => None,
         libc::S_IFLNK => Some("a symbolic link"),
@@ -116,36 +192,89 @@ fn check_file(st: &libc::stat, owner: Option<u32>) -> io::Result<()> {
         _ => Some("of an unknown type"),
     };
     if let Some(kind) = kind {
-        return Err(invalid(
-            io::ErrorKind::InvalidInput,
-            format!("channel is not a regular file: {kind}"),
-        ));
+        return Err(Refusal::NotRegular(kind));
     }
     if let Some(uid) = owner {
         if uid != 0 && st.st_uid != uid {
-            return Err(invalid(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "channel file is owned by uid {}, QEMU runs as uid {uid}",
-                    st.st_uid
-                ),
-            ));
+            return Err(Refusal::Owner {
+                file: st.st_uid,
+                qemu: uid,
+            });
         }
     }
     Ok(())
 }
 
+/// One link: the file is not another name of a file that lives elsewhere too.
+fn check_links(st: &libc::stat) -> Result<(), Refusal> {
+    #[allow(clippy::unnecessary_cast)] // nlink_t is 32-bit on some architectures
+    match st.st_nlink as u64 {
+        1 => Ok(()),
+        n => Err(Refusal::Links(n)),
+    }
+}
+
+/// On tmpfs or hugetlbfs, where QEMU's shared-memory backends live (`/dev/shm`, libvirt's
+/// `<shmem>`, `/dev/hugepages`), not on a disk.
+fn check_filesystem(fd: &OwnedFd) -> Result<(), OpenError> {
+    // SAFETY: statfs is plain data; fstatfs only writes it.
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor (O_PATH descriptors allow fstatfs) and a valid pointer.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut sf) } != 0 {
+        return Err(io::Error::last_os_error().into());
+    }
+    // f_type is a long or an int by architecture; the magics are 32-bit.
+    let magic = sf.f_type as u32;
+    if magic == libc::TMPFS_MAGIC as u32 || magic == libc::HUGETLBFS_MAGIC as u32 {
+        Ok(())
+    } else {
+        Err(Refusal::Filesystem(u64::from(magic)).into())
+    }
+}
+
 impl ChannelFile {
     /// Opens and maps `path` shared read-write: a regular file, owned by `owner` when given (the
     /// QEMU process's uid, for a path QEMU named), its size rounded down to 8 bytes and capped at
-    /// `max_len`.
+    /// `max_len`. No other check: for the guest's side of a channel (tests, the e2e harness);
+    /// the daemon opens VMs' channels with `open_backend`.
     pub fn open(path: &Path, max_len: u64, owner: Option<u32>) -> io::Result<ChannelFile> {
+        Self::open_inner(path, max_len, owner, None).map_err(|e| match e {
+            OpenError::Refused(r) => r.into_io(),
+            OpenError::Io(e) => e,
+        })
+    }
+
+    /// As `open`, for a VM's channel: the file must also have one link, be on tmpfs or
+    /// hugetlbfs, and be mapped shared and writable by the QEMU process (its ivshmem backend),
+    /// all checked on the O_PATH descriptor before the file is opened for writing.
+    pub fn open_backend(
+        path: &Path,
+        max_len: u64,
+        backend: &Backend,
+    ) -> Result<ChannelFile, OpenError> {
+        Self::open_inner(path, max_len, backend.owner, Some(backend.pid))
+    }
+
+    fn open_inner(
+        path: &Path,
+        max_len: u64,
+        owner: Option<u32>,
+        qemu_pid: Option<i32>,
+    ) -> Result<ChannelFile, OpenError> {
         let c = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| invalid(io::ErrorKind::InvalidInput, "NUL in the channel path"))?;
         // With O_PATH, O_NOFOLLOW opens a final symbolic link itself: its type is refused below.
         let handle = open_fd(&c, libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)?;
         let st = fstat(&handle)?;
         check_file(&st, owner)?;
+        if let Some(pid) = qemu_pid {
+            check_links(&st)?;
+            check_filesystem(&handle)?;
+            let (major, minor) = (libc::major(st.st_dev), libc::minor(st.st_dev));
+            if !crate::process::maps_file_shared(pid, major, minor, st.st_ino)? {
+                return Err(Refusal::NotMapped { pid }.into());
+            }
+        }
         // The inode just checked, opened for reading and writing: never the path again.
         let proc_path = CString::new(format!("/proc/self/fd/{}", handle.as_raw_fd()))
             .map_err(|_| io::Error::other("descriptor path"))?;
@@ -155,11 +284,15 @@ impl ChannelFile {
         )?;
         let st2 = fstat(&file)?;
         check_file(&st2, owner)?;
+        if qemu_pid.is_some() {
+            check_links(&st2)?;
+        }
         if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino) {
             return Err(invalid(
                 io::ErrorKind::InvalidInput,
                 "channel file changed while it was opened",
-            ));
+            )
+            .into());
         }
         let size = st2.st_size as u64;
         let len = (size.min(max_len) & !7) as usize;
@@ -167,7 +300,8 @@ impl ChannelFile {
             return Err(invalid(
                 io::ErrorKind::InvalidData,
                 format!("channel file is {size} bytes, less than a header page"),
-            ));
+            )
+            .into());
         }
         // SAFETY: mapping a regular file opened read-write, no longer than the file; accesses
         // past a later end of the file are handled by the guard below.
@@ -182,7 +316,7 @@ impl ChannelFile {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+            return Err(io::Error::last_os_error().into());
         }
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave NULL"))?;
         let guard = match Guard::new(p as usize, len) {
@@ -190,7 +324,7 @@ impl ChannelFile {
             Err(e) => {
                 // SAFETY: unmapping what was just mapped, never handed out.
                 unsafe { libc::munmap(p, len) };
-                return Err(e);
+                return Err(e.into());
             }
         };
         Ok(ChannelFile {
@@ -209,6 +343,11 @@ impl ChannelFile {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file's device and inode: what names it whatever path it is reached by.
+    pub fn inode(&self) -> (u64, u64) {
+        (self.identity.dev, self.identity.ino)
     }
 
     pub fn len(&self) -> usize {

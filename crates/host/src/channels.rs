@@ -3,19 +3,25 @@
 //! to the guest (round taken, entry budget, interval floor, its fast quota, rejected rounds).
 //! The guest is untrusted: every round is validated before the engine sees it, and a round far
 //! over the budget is refused before it is copied.
+//!
+//! The host owns what it writes: a file is taken as a channel only if QEMU itself maps it as a
+//! shared backend on tmpfs or hugetlbfs (`ChannelFile::open_backend`) and no other managed VM
+//! uses it, and the feedback is written into it only once its header has been seen valid (as the
+//! reader validates it). A file that is not a channel is never written to; one that a guest has
+//! not initialised yet gets its feedback from its first valid header on.
 
-use crate::channel_file::{ChannelFile, Fault};
+use crate::channel_file::{Backend, ChannelFile, Fault, OpenError, Refusal};
 use crate::config::ChannelConfig;
 use crate::vm::{self, VmInfo};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 use vtism_engine::VmId;
 use vtism_proto::layout::off;
 use vtism_proto::{
-    write_feedback, ChannelReader, Feedback, HintRound, MmapRegion, RamMap, RejectReason,
-    SharedRegion, TrackerReport, HOST_VERSION,
+    write_feedback, AccessError, ChannelReader, Feedback, HintRound, MmapRegion, RamMap,
+    RejectReason, SharedRegion, TrackerReport, HOST_VERSION,
 };
 
 /// Label of the daemon's own reject reason: a round larger than `channel.max_entries`.
@@ -32,7 +38,9 @@ struct VmChannel {
     /// The VM's name, for logs.
     name: String,
     mapped: Option<Mapped>,
-    /// Why there is no channel (no ivshmem device, an unsafe file, ...).
+    /// The mapped file's header has been seen valid: it is a channel, and feedback is written.
+    verified: bool,
+    /// Why there is no channel (no ivshmem device, a refused file, ...).
     problem: Option<String>,
     reader: ChannelReader,
     over_budget: u64,
@@ -53,6 +61,8 @@ struct VmChannel {
 #[derive(Clone, Debug, Default)]
 pub struct ChannelStatus {
     pub path: Option<PathBuf>,
+    /// The mapped file's header has been seen valid (feedback is written to it).
+    pub verified: bool,
     pub problem: Option<String>,
     pub last_round: u64,
     pub last_round_age_s: Option<f64>,
@@ -67,11 +77,13 @@ pub struct ChannelStatus {
 #[derive(Default)]
 pub struct Channels {
     by_vm: BTreeMap<VmId, VmChannel>,
+    /// Files refused as channels, by reason (`Refusal::LABELS`).
+    refused: BTreeMap<&'static str, u64>,
 }
 
 impl Channels {
-    /// Opens a newly managed VM's channel (`configured`: the path from its `[[vm]]` entry) and
-    /// tells the guest its quota.
+    /// Opens a newly managed VM's channel (`configured`: the path from its `[[vm]]` entry) and,
+    /// if it already holds a valid header, tells the guest its quota.
     pub fn attach(
         &mut self,
         vm: VmId,
@@ -81,10 +93,11 @@ impl Channels {
         cfg: &ChannelConfig,
         quota_bytes: u64,
     ) {
-        let (mapped, problem) = open(info, configured, cfg);
-        let c = VmChannel {
+        let (mapped, problem) = self.open(vm, name, info, configured, cfg, None);
+        let mut c = VmChannel {
             name: name.to_string(),
             mapped,
+            verified: false,
             problem,
             reader: ChannelReader::new(),
             over_budget: 0,
@@ -96,7 +109,7 @@ impl Channels {
             quota_bytes,
             ram_bytes: info.memory.bytes(),
         };
-        feedback(cfg, &c);
+        feedback(cfg, &mut c);
         self.by_vm.insert(vm, c);
     }
 
@@ -108,9 +121,77 @@ impl Channels {
         configured: Option<&Path>,
         cfg: &ChannelConfig,
     ) {
-        if let Some(c) = self.by_vm.get_mut(&vm).filter(|c| c.mapped.is_none()) {
-            (c.mapped, c.problem) = open(info, configured, cfg);
+        let Some(c) = self.by_vm.get(&vm).filter(|c| c.mapped.is_none()) else {
+            return;
+        };
+        let (name, before) = (c.name.clone(), c.problem.clone());
+        let (mapped, problem) = self.open(vm, &name, info, configured, cfg, before.as_deref());
+        if let Some(c) = self.by_vm.get_mut(&vm) {
+            (c.mapped, c.problem, c.verified) = (mapped, problem, false);
         }
+    }
+
+    /// Files refused as channels so far, by reason.
+    pub fn refused(&self) -> &BTreeMap<&'static str, u64> {
+        &self.refused
+    }
+
+    /// Maps the VM's channel file: the configured path (any owner), else the backend file of its
+    /// ivshmem device, which must be owned by QEMU's user. Either way a regular file with one
+    /// link on tmpfs or hugetlbfs, not through a symbolic link, that the QEMU process maps
+    /// shared and writable, and that no other managed VM has as its channel. A refusal is
+    /// counted, and logged unless it is the VM's problem already (`before`).
+    fn open(
+        &mut self,
+        vm: VmId,
+        name: &str,
+        info: &VmInfo,
+        configured: Option<&Path>,
+        cfg: &ChannelConfig,
+        before: Option<&str>,
+    ) -> (Option<Mapped>, Option<String>) {
+        let path = match channel_path(info, configured, cfg) {
+            Ok(p) => p,
+            Err(problem) => return (None, Some(problem)),
+        };
+        let backend = Backend {
+            owner: configured.is_none().then_some(info.uid),
+            pid: info.pid,
+        };
+        let opened =
+            ChannelFile::open_backend(&path, cfg.max_region_mib << 20, &backend).and_then(|file| {
+                match self.user_of(vm, file.inode()) {
+                    Some(other) => Err(Refusal::InUse(other.to_string()).into()),
+                    None => Ok(file),
+                }
+            });
+        match opened {
+            Ok(file) => {
+                let region = file.region();
+                (Some(Mapped { file, region }), None)
+            }
+            Err(e) => {
+                let problem = format!("{}: {e}", path.display());
+                if let OpenError::Refused(r) = &e {
+                    *self.refused.entry(r.label()).or_default() += 1;
+                    if before != Some(problem.as_str()) {
+                        warn!(vm = %name, path = %path.display(), reason = r.label(), error = %r,
+                            "channel file refused; nothing is written to it");
+                    }
+                }
+                (None, Some(problem))
+            }
+        }
+    }
+
+    /// The managed VM other than `vm` whose channel is the file `inode`.
+    fn user_of(&self, vm: VmId, inode: (u64, u64)) -> Option<&str> {
+        self.by_vm
+            .iter()
+            .find(|(id, c)| {
+                **id != vm && c.mapped.as_ref().is_some_and(|m| m.file.inode() == inode)
+            })
+            .map(|(_, c)| c.name.as_str())
     }
 
     /// The guest restarted: its tracker starts again from round 1.
@@ -183,9 +264,9 @@ impl Channels {
         }
     }
 
-    /// Writes the host's feedback into the VM's channel.
-    pub fn feedback(&self, vm: VmId, cfg: &ChannelConfig) {
-        if let Some(c) = self.by_vm.get(&vm) {
+    /// Writes the host's feedback into the VM's channel, once its header has been seen valid.
+    pub fn feedback(&mut self, vm: VmId, cfg: &ChannelConfig) {
+        if let Some(c) = self.by_vm.get_mut(&vm) {
             feedback(cfg, c);
         }
     }
@@ -202,6 +283,7 @@ impl Channels {
         let counters = c.reader.counters();
         ChannelStatus {
             path: c.mapped.as_ref().map(|m| m.file.path().to_path_buf()),
+            verified: c.verified,
             problem: c.problem.clone(),
             last_round: c.last_round,
             last_round_age_s: c.last_round_at.map(|t| t.elapsed().as_secs_f64()),
@@ -218,48 +300,96 @@ impl Channels {
     }
 }
 
-/// Maps the VM's channel file: the configured path (any owner), else the backing file of its
-/// ivshmem device, which must be owned by QEMU's user (a compromised QEMU cannot point the daemon
-/// at a file it does not own). Either way a regular file, not through a symbolic link.
-fn open(
+/// The VM's channel path: the configured one, else the backend file of its ivshmem device (the
+/// one named `device_prefix*` when there are several); `Err`: why there is none.
+fn channel_path(
     info: &VmInfo,
     configured: Option<&Path>,
     cfg: &ChannelConfig,
-) -> (Option<Mapped>, Option<String>) {
-    let (path, owner) = match configured {
-        Some(p) => (p.to_path_buf(), None),
-        None => match vm::pick_channel(&info.ivshmem, &cfg.device_prefix) {
-            Some(d) => match &d.mem_path {
-                Some(p) => (p.clone(), Some(info.uid)),
-                None => {
-                    return (
-                        None,
-                        Some(format!("ivshmem backend `{}` has no mem-path", d.backend)),
-                    )
-                }
-            },
-            None if info.ivshmem.is_empty() => {
-                return (None, Some("no ivshmem-plain device".into()))
-            }
-            None => {
-                return (
-                    None,
-                    Some(format!(
-                        "{} ivshmem devices and none named `{}*`",
-                        info.ivshmem.len(),
-                        cfg.device_prefix
-                    )),
-                )
-            }
-        },
-    };
-    match ChannelFile::open(&path, cfg.max_region_mib << 20, owner) {
-        Ok(file) => {
-            let region = file.region();
-            (Some(Mapped { file, region }), None)
-        }
-        Err(e) => (None, Some(format!("{}: {e}", path.display()))),
+) -> Result<PathBuf, String> {
+    if let Some(p) = configured {
+        return Ok(p.to_path_buf());
     }
+    match vm::pick_channel(&info.ivshmem, &cfg.device_prefix) {
+        Some(d) => d
+            .mem_path
+            .clone()
+            .ok_or_else(|| format!("ivshmem backend `{}` has no mem-path", d.backend)),
+        None if info.ivshmem.is_empty() => Err("no ivshmem-plain device".into()),
+        None => Err(format!(
+            "{} ivshmem devices and none named `{}*`",
+            info.ivshmem.len(),
+            cfg.device_prefix
+        )),
+    }
+}
+
+/// The header as the reader sees it with its round number read as 0: the reader validates the
+/// header page (magic, version, layout, sizes against the mapping, reserved bits) and, round 0
+/// being "nothing published", copies no entries. Stores are refused.
+struct HeaderOnly<'a>(&'a MmapRegion);
+
+impl HeaderOnly<'_> {
+    fn refuse(&self, offset: usize, size: usize) -> AccessError {
+        AccessError {
+            offset,
+            size,
+            region_len: self.0.len(),
+        }
+    }
+}
+
+impl SharedRegion for HeaderOnly<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn load_u64(&self, offset: usize) -> Result<u64, AccessError> {
+        let v = self.0.load_u64(offset)?;
+        Ok(if offset == off::ROUND { 0 } else { v })
+    }
+    fn load_u64_acquire(&self, offset: usize) -> Result<u64, AccessError> {
+        let v = self.0.load_u64_acquire(offset)?;
+        Ok(if offset == off::ROUND { 0 } else { v })
+    }
+    fn load_u32(&self, offset: usize) -> Result<u32, AccessError> {
+        let v = self.0.load_u32(offset)?;
+        Ok(if offset & !7 == off::ROUND { 0 } else { v })
+    }
+    fn load_u32_acquire(&self, offset: usize) -> Result<u32, AccessError> {
+        let v = self.0.load_u32_acquire(offset)?;
+        Ok(if offset & !7 == off::ROUND { 0 } else { v })
+    }
+    fn store_u64(&self, offset: usize, _: u64) -> Result<(), AccessError> {
+        Err(self.refuse(offset, 8))
+    }
+    fn store_u64_release(&self, offset: usize, _: u64) -> Result<(), AccessError> {
+        Err(self.refuse(offset, 8))
+    }
+    fn store_u32(&self, offset: usize, _: u32) -> Result<(), AccessError> {
+        Err(self.refuse(offset, 4))
+    }
+    fn copy_words(&self, offset: usize, out: &mut [u64]) -> Result<(), AccessError> {
+        self.0.copy_words(offset, out)?;
+        if let Some(w) = off::ROUND
+            .checked_sub(offset)
+            .filter(|d| d % 8 == 0)
+            .and_then(|d| out.get_mut(d / 8))
+        {
+            *w = 0;
+        }
+        Ok(())
+    }
+    fn store_words(&self, offset: usize, words: &[u64]) -> Result<(), AccessError> {
+        Err(self.refuse(offset, words.len().saturating_mul(8)))
+    }
+}
+
+/// Whether the mapped file holds a valid channel header now, by the reader's own checks.
+fn header_valid(region: &MmapRegion) -> bool {
+    matches!(
+        ChannelReader::new().read(&HeaderOnly(region), &RamMap::contiguous(1)),
+        Ok(None)
+    )
 }
 
 /// The quota a guest is told is rounded to 1/`QUOTA_STEPS` of its RAM.
@@ -278,8 +408,18 @@ pub fn quota_told(quota_bytes: u64, ram_bytes: u64) -> u64 {
     (steps.max(1) * step).min(ram_bytes.max(step))
 }
 
-fn feedback(cfg: &ChannelConfig, c: &VmChannel) {
+/// Writes the feedback block, if the mapped file is a channel: its header was seen valid, now or
+/// before on this mapping (a guest that garbles its header later is still told why its rounds
+/// are rejected). Nothing is ever written into a file whose header never validated.
+fn feedback(cfg: &ChannelConfig, c: &mut VmChannel) {
     let Some(m) = &c.mapped else { return };
+    if !c.verified {
+        if !header_valid(&m.region) {
+            return;
+        }
+        c.verified = true;
+        debug!(vm = %c.name, "channel header valid: feedback from now on");
+    }
     let fb = Feedback {
         ack_round: c.reader.last_round(),
         entry_budget: cfg.entry_budget,
@@ -297,6 +437,42 @@ fn feedback(cfg: &ChannelConfig, c: &VmChannel) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vtism_proto::{ChannelWriter, RoundMeta, Tracker};
+
+    /// The header check is the reader's, on the header only, and writes nothing: not into an
+    /// all-zero file, a file of 0xAA, a channel mid-write, nor a valid one.
+    #[test]
+    fn the_header_check_is_the_readers_and_writes_nothing() {
+        let d = std::env::temp_dir().join(format!("vtism-header-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("c");
+        let bytes = |b: u8| vec![b; 64 << 10];
+        for (content, valid) in [(bytes(0), false), (bytes(0xAA), false)] {
+            std::fs::write(&p, &content).unwrap();
+            let f = ChannelFile::open(&p, 1 << 20, None).unwrap();
+            assert_eq!(header_valid(&f.region()), valid);
+            drop(f);
+            assert!(std::fs::read(&p).unwrap() == content, "written to");
+        }
+        std::fs::write(&p, bytes(0)).unwrap();
+        let f = ChannelFile::open(&p, 1 << 20, None).unwrap();
+        let region = f.region();
+        let mut w = ChannelWriter::init(&region, Tracker::Harness).unwrap();
+        assert!(header_valid(&region), "initialised, nothing published");
+        w.publish(&[], &RoundMeta::default()).unwrap();
+        let before = std::fs::read(&p).unwrap();
+        assert!(header_valid(&region), "a round published");
+        assert!(std::fs::read(&p).unwrap() == before, "written to");
+        let seq = region.load_u64(off::SEQ).unwrap();
+        region.store_u64(off::SEQ, seq | 1).unwrap();
+        assert!(!header_valid(&region), "mid-write: not now");
+        region.store_u64(off::SEQ, (seq | 1) + 1).unwrap();
+        region.store_u64(off::MAGIC, 0x1234).unwrap();
+        assert!(!header_valid(&region));
+        drop(f);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     /// What the pool's other VMs want moves a guest's quota, but the guest sees it only in steps
     /// of 1/32 of its RAM: demand changes of the others below a step are invisible to it.

@@ -198,6 +198,12 @@ pub fn status_table(v: &serde_json::Value) -> String {
         ));
         if let Some(p) = vm["channel_problem"].as_str() {
             out.push_str(&format!("  channel: {p}\n"));
+        } else if vm["channel_verified"].as_bool() == Some(false) {
+            if let Some(p) = vm["channel"].as_str() {
+                out.push_str(&format!(
+                    "  channel: {p}: no valid channel header yet (nothing written to it)\n"
+                ));
+            }
         }
         let h = &vm["host_tracking"];
         if let Some(p) = h["problem"].as_str() {

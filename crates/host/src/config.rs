@@ -419,9 +419,11 @@ pub struct QuotaLimits {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct VmConfig {
-    /// Matched against QEMU's `-name` (QMP query-name); also the VM's label.
+    /// The entry's name. Without `qmp_socket`, matched against QEMU's `-name` (QMP
+    /// query-name); with one, only a label.
     pub name: String,
-    /// QMP socket; optional when discovery finds it.
+    /// QMP socket: the entry is the VM's on this socket, whatever name it reports. Optional
+    /// when discovery finds the socket and the entry matches by name.
     pub qmp_socket: Option<PathBuf>,
     /// Channel file; default: the ivshmem backend's `mem-path`.
     pub channel: Option<PathBuf>,
@@ -940,15 +942,23 @@ impl Config {
         }
     }
 
-    /// The [[vm]] entry for a VM, by name or by socket.
+    /// The [[vm]] entry for a VM found on `socket` that calls itself `name`: the entry naming
+    /// that socket, else an entry without a socket whose name is `name`. An entry with a
+    /// `qmp_socket` is pinned to it: another process reporting its name never gets it (the
+    /// name QEMU reports is a label, not a key to trusted settings).
     pub fn vm_entry(&self, name: &str, socket: &Path) -> Option<&VmConfig> {
+        self.vm_entry_index(name, socket).map(|i| &self.vms[i])
+    }
+
+    /// The index in `vms` of `vm_entry`'s entry.
+    pub fn vm_entry_index(&self, name: &str, socket: &Path) -> Option<usize> {
         self.vms
             .iter()
-            .find(|v| !v.name.is_empty() && v.name == name)
+            .position(|v| v.qmp_socket.as_deref() == Some(socket))
             .or_else(|| {
                 self.vms
                     .iter()
-                    .find(|v| v.qmp_socket.as_deref() == Some(socket))
+                    .position(|v| v.qmp_socket.is_none() && !v.name.is_empty() && v.name == name)
             })
     }
 
@@ -969,15 +979,19 @@ impl Config {
     }
 }
 
-/// One VM's settings, resolved once from its `[[vm]]` entry (by name, else by socket) and the
-/// defaults: when it is attached, when its RAM changes, and at every reload.
+/// One VM's settings, resolved once from its `[[vm]]` entry (by socket, else by name for
+/// entries without a socket) and the defaults: when it is attached, when its RAM changes, and at
+/// every reload.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VmSettings {
+    /// Its `[[vm]]` entry (the index in `Config::vms`), if it has one: one live VM per entry.
+    pub entry: Option<usize>,
     /// Its `[[vm]]` entry's name, if it has an entry.
     pub entry_name: Option<String>,
     /// The entry says to leave the VM alone.
     pub ignore: bool,
-    /// Channel file from the entry (trusted as written); `None`: QEMU's ivshmem backend.
+    /// Channel file from the entry (any owner, the other checks of a channel file still apply);
+    /// `None`: QEMU's ivshmem backend.
     pub channel: Option<PathBuf>,
     /// Home node from the entry; `None`: from the vCPU threads.
     pub home_node: Option<NodeId>,
@@ -995,9 +1009,11 @@ pub struct VmSettings {
 impl Config {
     /// The settings of a VM named `name` found on `socket`, with `ram_bytes` of RAM.
     pub fn vm_settings(&self, name: &str, socket: &Path, ram_bytes: u64) -> VmSettings {
-        let entry = self.vm_entry(name, socket);
+        let index = self.vm_entry_index(name, socket);
+        let entry = index.map(|i| &self.vms[i]);
         let limits = self.limits_for(entry, ram_bytes);
         VmSettings {
+            entry: index,
             entry_name: entry.map(|e| e.name.clone()).filter(|n| !n.is_empty()),
             ignore: entry.is_some_and(|e| e.ignore),
             channel: entry.and_then(|e| e.channel.clone()),
@@ -1149,6 +1165,44 @@ fn check_percent(field: &str, p: f64) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An entry with a socket is that socket's, whatever name the VM on it reports; an entry
+    /// without one matches by name; a name never reaches an entry pinned to a socket.
+    #[test]
+    fn entries_with_a_socket_match_by_socket_only() {
+        let c = Config::parse(
+            "[[vm]]\nname = \"db1\"\nqmp_socket = \"/run/vtism/qmp/db1.qmp\"\nfast_quota_mib = 64\n\
+             [[vm]]\nname = \"web1\"\nfast_quota_mib = 32\n",
+        )
+        .unwrap();
+        let (db1, other) = (
+            Path::new("/run/vtism/qmp/db1.qmp"),
+            Path::new("/run/vtism/x.qmp"),
+        );
+        assert_eq!(c.vm_entry_index("db1", db1), Some(0));
+        assert_eq!(
+            c.vm_entry_index("renamed", db1),
+            Some(0),
+            "the socket decides"
+        );
+        assert_eq!(c.vm_entry_index("db1", other), None, "an impostor's name");
+        assert_eq!(
+            c.vm_entry_index("web1", other),
+            Some(1),
+            "no socket: by name"
+        );
+        assert_eq!(
+            c.vm_entry_index("web1", db1),
+            Some(0),
+            "the socket before a name"
+        );
+        assert_eq!(c.vm_settings("db1", other, 1 << 30).entry, None);
+        assert_eq!(c.vm_settings("db1", other, 1 << 30).channel, None);
+        let mut strict = c.clone();
+        strict.defaults.manage_discovered = false;
+        assert_eq!(strict.manages("db1", other), Err(NotManaged::NotListed));
+        assert_eq!(strict.manages("db1", db1), Ok(()));
+    }
 
     #[test]
     fn host_tracking_section_and_its_errors() {

@@ -5,6 +5,7 @@
 //! mover moves; the status and metrics are published. One VM's trouble (a dead monitor, a
 //! hostile channel, a failed re-registration) lets that VM go and touches no other.
 
+use crate::admission::Refusal;
 use crate::backing;
 use crate::batch::{CallSettings, VmTarget};
 use crate::channels::Channels;
@@ -339,6 +340,23 @@ impl Daemon {
         let settings = self
             .cfg
             .vm_settings(&info.name, &socket, info.memory.bytes());
+        // One live VM per [[vm]] entry: a second process claiming an entry (by name, for an
+        // entry without a socket) gets neither its channel nor its quota.
+        if let Some((i, holder)) = settings.entry.and_then(|i| {
+            let v = self.registry.iter().find(|v| v.settings.entry == Some(i))?;
+            Some((i, v))
+        }) {
+            let r = Refusal::EntryInUse {
+                pid: qmp.pid,
+                entry: settings
+                    .entry_name
+                    .clone()
+                    .unwrap_or_else(|| format!("vm[{i}]")),
+                holder: holder.name.clone(),
+            };
+            self.discovery.refuse(socket, &r);
+            return Ok(None);
+        }
         let topo = &self.topo;
         let home = settings
             .home_node
@@ -696,15 +714,21 @@ impl Daemon {
         let mut settings = BTreeMap::new();
         // VMs the new configuration ignores are let go; they leave the pool first, so their
         // minimums do not count against the new limits.
+        // So are VMs whose entry another VM (attached earlier) has now: one live VM per entry.
         let mut ignored = Vec::new();
+        let mut entry_in_use = Vec::new();
+        let mut holders = std::collections::BTreeSet::new();
         for v in self.registry.iter() {
             let s = cfg.vm_settings(&v.name, &v.socket, v.memory.bytes());
             if s.ignore {
                 ignored.push(v.id);
+            } else if s.entry.is_some_and(|i| !holders.insert(i)) {
+                entry_in_use.push(v.id);
             } else {
                 settings.insert(v.id, s);
             }
         }
+        let leaving: Vec<VmId> = ignored.iter().chain(&entry_in_use).copied().collect();
         let limits: BTreeMap<VmId, VmLimits> = settings
             .iter()
             .map(|(id, s)| (*id, s.pool_limits))
@@ -722,7 +746,7 @@ impl Daemon {
         };
         let changes = self
             .tiering
-            .reconfigure(params, &limits, &ignored, engine, self.now())
+            .reconfigure(params, &limits, &leaving, engine, self.now())
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         if restart {
             self.mover.shutdown();
@@ -749,6 +773,9 @@ impl Daemon {
         self.report_quota_changes(&changes);
         for id in ignored {
             self.drop_vm(id, "ignored by the configuration");
+        }
+        for id in entry_in_use {
+            self.drop_vm(id, "another VM has its [[vm]] entry");
         }
         self.discovery.restart();
         Ok(())
@@ -814,6 +841,7 @@ impl Daemon {
             quota_changes: self.quota_changes.get(&v.id).cloned().unwrap_or_default(),
             home_node: v.home,
             channel: ch.path,
+            channel_verified: ch.verified,
             channel_problem: ch.problem,
             last_round: ch.last_round,
             last_round_age_s: ch.last_round_age_s,
@@ -902,6 +930,7 @@ impl Daemon {
             vms_dropped: self.registry.dropped,
             channel_faults: self.totals.channel_faults.clone(),
             admission_refused: self.discovery.counts.refused.clone(),
+            channel_refused: self.channels.refused().clone(),
             attach_failed: self.discovery.counts.failed,
             sockets_deferred: self.discovery.counts.deferred,
             unsafe_scan_dirs: self.discovery.counts.unsafe_dirs,

@@ -178,9 +178,7 @@ impl Discovery {
                 }
                 Outcome::Refused(socket, r) => {
                     self.attaching.remove(&socket);
-                    *self.counts.refused.entry(r.label()).or_default() += 1;
-                    self.log.log(&socket, r.label(), &r.to_string());
-                    self.backoff.insert(socket, Instant::now());
+                    self.refuse(socket, &r);
                 }
                 Outcome::Failed(socket, e) => {
                     self.attaching.remove(&socket);
@@ -197,6 +195,14 @@ impl Discovery {
     pub fn taken(&mut self, socket: &Path) {
         self.backoff.remove(socket);
         self.log.forget(socket);
+    }
+
+    /// The VM on `socket` is refused (by admission, or by the daemon: an entry in use): counted,
+    /// logged once per socket and reason at a bounded rate, tried again after the back-off.
+    pub fn refuse(&mut self, socket: PathBuf, r: &Refusal) {
+        *self.counts.refused.entry(r.label()).or_default() += 1;
+        self.log.log(&socket, r.label(), &r.to_string());
+        self.backoff.insert(socket, Instant::now());
     }
 
     /// The VM on `socket` is not managed (ignored, not listed, or refused): try again later.

@@ -68,6 +68,8 @@ pub struct DaemonStatus {
     pub channel_faults: BTreeMap<&'static str, u64>,
     /// Discovered sockets refused admission, by reason ("Threat model", "A compromised QEMU").
     pub admission_refused: BTreeMap<&'static str, u64>,
+    /// Files refused as VMs' channels, by reason (nothing was written to them).
+    pub channel_refused: BTreeMap<&'static str, u64>,
     /// Attaches that failed (no answer, bad QMP, a monitor that is not QEMU's).
     pub attach_failed: u64,
     /// Sockets left for a later scan (the attach queue full, or `max_vms` reached).
@@ -140,6 +142,9 @@ pub struct VmStatus {
     pub quota_changes: BTreeMap<&'static str, u64>,
     pub home_node: Option<NodeId>,
     pub channel: Option<PathBuf>,
+    /// The channel file's header has been seen valid: feedback is written to it (until then
+    /// nothing is: it may not be a channel).
+    pub channel_verified: bool,
     pub channel_problem: Option<String>,
     /// The last hint round accepted, its age and size.
     pub last_round: u64,
@@ -772,6 +777,14 @@ impl DaemonStatus {
                 "VMs let go because their channel file was truncated, resized or replaced.",
                 vec![("fault", Cow::Borrowed(fault))],
                 self.channel_faults.get(fault).copied().unwrap_or(0),
+            );
+        }
+        for reason in crate::channel_file::Refusal::LABELS {
+            f.counter(
+                "vtism_channel_refused",
+                "Files refused as a VM's channel (not QEMU's shared tmpfs/hugetlbfs backend, links, owner, another VM's); nothing was written to them.",
+                vec![("reason", Cow::Borrowed(reason))],
+                self.channel_refused.get(reason).copied().unwrap_or(0),
             );
         }
         for reason in crate::admission::Refusal::LABELS {

@@ -115,6 +115,38 @@ pub fn read_maps(pid: i32) -> io::Result<Vec<Vma>> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// Whether the process maps the file with device `major:minor` and inode `ino` shared and
+/// writable (`rw-s` in /proc/<pid>/maps): what QEMU does with a `share=on` memory backend.
+pub fn maps_file_shared(pid: i32, major: u32, minor: u32, ino: u64) -> io::Result<bool> {
+    let bytes = std::fs::read(format!("/proc/{pid}/maps"))?;
+    Ok(text_maps_file_shared(
+        &String::from_utf8_lossy(&bytes),
+        major,
+        minor,
+        ino,
+    ))
+}
+
+/// `maps_file_shared` on the text of a maps file. Lines are `start-end perms offset MM:mm inode
+/// [path]`; the path (the process's to choose, and ambiguous once deleted) is not looked at.
+pub fn text_maps_file_shared(text: &str, major: u32, minor: u32, ino: u64) -> bool {
+    text.lines().any(|line| {
+        let mut f = line.split_whitespace();
+        let (Some(_), Some(perms), Some(_), Some(dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return false;
+        };
+        let p = perms.as_bytes();
+        let shared_rw = p.get(1) == Some(&b'w') && p.get(3) == Some(&b's');
+        let same_dev = dev.split_once(':').is_some_and(|(a, b)| {
+            u32::from_str_radix(a, 16).ok() == Some(major)
+                && u32::from_str_radix(b, 16).ok() == Some(minor)
+        });
+        shared_rw && same_dev && inode.parse::<u64>().ok() == Some(ino)
+    })
+}
+
 /// `[hva, hva + len)` lies wholly in readable-writable mappings with no gap (guest RAM is
 /// always mapped read-write in QEMU, as one VMA or several adjacent ones).
 pub fn covered_rw(vmas: &[Vma], hva: Hva, len: u64) -> bool {
@@ -138,6 +170,27 @@ pub fn covered_rw(vmas: &[Vma], hva: Hva, len: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_mapped_shared_and_writable_is_found_by_device_and_inode() {
+        let maps = "\
+7f0000000000-7f0000100000 rw-s 00000000 00:1a 4242                       /dev/shm/vtism-a.chan
+7f0000100000-7f0000200000 r--s 00000000 00:1a 4343                       /dev/shm/ro
+7f0000200000-7f0000300000 rw-p 00000000 00:1a 4444                       /dev/shm/private
+7f0000300000-7f0000400000 rw-s 00000000 103:02 4545                      /dev/hugepages/x (deleted)
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+";
+        assert!(text_maps_file_shared(maps, 0, 0x1a, 4242));
+        assert!(text_maps_file_shared(maps, 0x103, 2, 4545));
+        assert!(!text_maps_file_shared(maps, 0, 0x1a, 4343), "read-only");
+        assert!(!text_maps_file_shared(maps, 0, 0x1a, 4444), "private");
+        assert!(
+            !text_maps_file_shared(maps, 0, 0x1b, 4242),
+            "another device"
+        );
+        assert!(!text_maps_file_shared(maps, 0, 0x1a, 42), "another inode");
+        assert!(!text_maps_file_shared("garbage\n\n", 0, 0, 0));
+    }
 
     #[test]
     fn start_time_of_this_process_and_a_stat_with_spaces() {

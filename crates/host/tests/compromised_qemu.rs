@@ -8,7 +8,8 @@
 mod common;
 
 use common::{
-    answer, daemon_sections, fake_qemu_with, serve_until_killed, spawn_fake_child, Kid, RAM_FRAMES,
+    answer, daemon_sections, fake_qemu_with, map_like_qemu, serve_until_killed, shm_test_dir,
+    spawn_fake_child, Kid, RAM_FRAMES,
 };
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -20,7 +21,9 @@ use std::time::{Duration, Instant};
 use vtism_host::channel_file::ChannelFile;
 use vtism_host::config::Config;
 use vtism_host::daemon::Daemon;
-use vtism_proto::{ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, Tracker};
+use vtism_proto::{
+    ChannelWriter, Gfn, HintEntry, MmapRegion, PageType, RoundMeta, SharedRegion, Tracker,
+};
 
 /// A slow monitor's answer time: inside the per-command timeout of `daemon_sections` (2 s), so
 /// only the exchange deadline can cut it off.
@@ -33,6 +36,7 @@ const HICCUP: Duration = Duration::from_millis(2500);
 /// returns at once.
 #[test]
 fn hostile_qemu_process() {
+    let _beside = beside_others();
     let (Ok(sock), Ok(name), Ok(chan), Ok(mode)) = (
         std::env::var("VTISM_FAKE_QEMU_SOCK"),
         std::env::var("VTISM_FAKE_QEMU_NAME"),
@@ -41,6 +45,9 @@ fn hostile_qemu_process() {
     ) else {
         return;
     };
+    // QEMU maps its ivshmem backend; a fake told otherwise maps another file, or none.
+    let map = std::env::var("VTISM_FAKE_QEMU_MAP").unwrap_or_else(|_| chan.clone());
+    let _backend = (!map.is_empty()).then(|| map_like_qemu(Path::new(&map)));
     let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
     let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
     let turn = PathBuf::from(format!("{sock}.turn"));
@@ -90,12 +97,18 @@ impl Vm {
 }
 
 fn spawn_qemu(dir: &Path, name: &str, mode: &str) -> Vm {
-    let (kid, sock, map) = spawn_fake_child(
-        dir,
-        name,
-        "hostile_qemu_process",
-        &[("VTISM_FAKE_QEMU_MODE", mode)],
-    );
+    spawn_qemu_with(dir, name, &[("VTISM_FAKE_QEMU_MODE", mode)])
+}
+
+/// A fake QEMU on `qmp/<name>.qmp` with more environment: `VTISM_FAKE_QEMU_NAME` (the name it
+/// reports), `VTISM_FAKE_QEMU_CHAN` (its ivshmem mem-path), `VTISM_FAKE_QEMU_MAP` (the file it
+/// maps, "" for none; default its mem-path). `<dir>/<name>.chan` is created and mapped anyway.
+fn spawn_qemu_with(dir: &Path, name: &str, env: &[(&str, &str)]) -> Vm {
+    let mut env = env.to_vec();
+    if !env.iter().any(|(k, _)| *k == "VTISM_FAKE_QEMU_MODE") {
+        env.push(("VTISM_FAKE_QEMU_MODE", "good"));
+    }
+    let (kid, sock, map) = spawn_fake_child(dir, name, "hostile_qemu_process", &env);
     let region = map.region();
     Vm {
         _kid: kid,
@@ -106,10 +119,7 @@ fn spawn_qemu(dir: &Path, name: &str, mode: &str) -> Vm {
 }
 
 fn test_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("vtism-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("qmp")).unwrap();
-    dir
+    shm_test_dir(tag)
 }
 
 fn daemon(dir: &Path, refresh_ms: u64, exchange_ms: u64) -> Daemon {
@@ -189,8 +199,21 @@ fn accepted(d: &Daemon, name: &str) -> u64 {
 /// at least `SLOW_ANSWER`.
 const ON_TIME: Duration = Duration::from_millis(1000);
 
+/// The spoofed-socket test counts this process's threads: it holds this exclusively, and every
+/// other test of this file holds it shared, so that no other test's threads are counted.
+static THREAD_COUNTING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn counting_threads() -> std::sync::RwLockWriteGuard<'static, ()> {
+    THREAD_COUNTING.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn beside_others() -> std::sync::RwLockReadGuard<'static, ()> {
+    THREAD_COUNTING.read().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn spoofed_sockets_are_refused_without_a_thread_each() {
+    let _counting = counting_threads();
     let dir = test_dir("spoof");
     let good = spawn_qemu(&dir, "good", "good");
     // 1000 sockets whose listener is not QEMU (issue 14: a listener that exec'd /bin/sleep was
@@ -302,6 +325,7 @@ fn hostile_after_attach(mode: &str, exchange_ms: u64) -> (Daemon, u64) {
 
 #[test]
 fn a_slow_monitor_is_dropped_at_its_deadline_without_delaying_others() {
+    let _beside = beside_others();
     // Each answer within the per-command timeout: before the exchange deadline, a refresh of
     // ~10 commands took 15 s on the main loop. Now each re-read ends at the 3 s deadline, and
     // the third in a row unanswered drops the VM.
@@ -321,6 +345,7 @@ fn a_slow_monitor_is_dropped_at_its_deadline_without_delaying_others() {
 
 #[test]
 fn a_monitor_late_once_keeps_its_vm() {
+    let _beside = beside_others();
     // A QEMU whose monitor is held up once (a loaded host) is busy, not gone: its VM stays
     // managed under the same id, with what the engine learned of it, and the miss is counted.
     let dir = test_dir("hiccup");
@@ -362,12 +387,14 @@ fn a_monitor_late_once_keeps_its_vm() {
 
 #[test]
 fn a_huge_reply_drops_the_vm() {
+    let _beside = beside_others();
     let (mut d, _) = hostile_after_attach("huge", 10_000);
     d.shutdown();
 }
 
 #[test]
 fn a_memory_map_outside_the_process_drops_the_vm() {
+    let _beside = beside_others();
     let (mut d, _) = hostile_after_attach("lying", 10_000);
     let (_, lying) = d.admission_counts();
     assert_eq!(lying, 1);
@@ -376,6 +403,7 @@ fn a_memory_map_outside_the_process_drops_the_vm() {
 
 #[test]
 fn a_lying_qemu_is_refused_at_attach() {
+    let _beside = beside_others();
     let dir = test_dir("lying-attach");
     let good = spawn_qemu(&dir, "good", "good");
     let bad = spawn_qemu(&dir, "bad", "lying");
@@ -394,6 +422,7 @@ fn a_lying_qemu_is_refused_at_attach() {
 
 #[test]
 fn a_stale_socket_is_a_counted_failure() {
+    let _beside = beside_others();
     // A socket file whose listener is gone (QEMU killed without cleaning up) is a failure to
     // attach, counted, and retried later; it costs the good VM nothing.
     let dir = test_dir("vanish");
@@ -412,6 +441,7 @@ fn a_stale_socket_is_a_counted_failure() {
 
 #[test]
 fn a_process_that_stops_being_an_allowed_qemu_is_dropped_at_refresh() {
+    let _beside = beside_others();
     // A QEMU that exec's another program keeps its pid and start time; the refresh checks the
     // executable again. Here the program stays and the allowed list changes, which is the same
     // check seen from the other side.
@@ -441,5 +471,297 @@ fn a_process_that_stops_being_an_allowed_qemu_is_dropped_at_refresh() {
     assert!(vm_status(&d, "vm").is_none());
     d.shutdown();
     drop(vm);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether `p` is on tmpfs or hugetlbfs (where vtismd takes channel files).
+fn on_memory_fs(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statfs is plain data; statfs(2) only writes it.
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid pointer.
+    assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut sf) }, 0);
+    let magic = sf.f_type as u32;
+    magic == libc::TMPFS_MAGIC as u32 || magic == libc::HUGETLBFS_MAGIC as u32
+}
+
+fn refused(d: &Daemon, what: &str, reason: &str) -> u64 {
+    d.status()["daemon"][what][reason].as_u64().unwrap_or(0)
+}
+
+fn metric(dir: &Path, name: &str, reason: &str) -> u64 {
+    let m = vtism_host::serve::ctl_request(&dir.join("ctl.sock"), "metrics").unwrap();
+    let m = m["metrics"].as_str().unwrap().to_string();
+    let prefix = format!("{name}{{reason=\"{reason}\"}} ");
+    let line = m
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` in\n{m}"));
+    line[prefix.len()..].parse().unwrap()
+}
+
+/// Issue 24, case 1: vtismd writes only into files that are channels. Fake QEMUs name as their
+/// ivshmem backend a 64 KiB file of 0xAA that they map (no channel header), the same not mapped
+/// by them, one with a second link, one on a disk filesystem, and, once the good VM is managed,
+/// the good VM's own channel (mapped by the thief too). Not one byte of those files changes over
+/// dozens of rounds; the refusals are counted by reason in the status and the metrics. The good
+/// VM's channel, all zeros until its guest initialises it, gets no feedback before that, and
+/// its rounds and feedback after.
+#[test]
+fn files_that_are_not_channels_are_never_written() {
+    let _beside = beside_others();
+    let dir = test_dir("not-a-channel");
+    let aa = vec![0xAAu8; 64 << 10];
+    let make = |p: PathBuf| {
+        std::fs::write(&p, &aa).unwrap();
+        p
+    };
+    let mapped = make(dir.join("mapped.bin"));
+    let unmapped = make(dir.join("unmapped.bin"));
+    let linked = make(dir.join("linked.bin"));
+    std::fs::hard_link(&linked, dir.join("linked-again.bin")).unwrap();
+    let disk_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vtism-not-a-channel-{}", std::process::id()));
+    std::fs::create_dir_all(&disk_dir).unwrap();
+    let on_disk = make(disk_dir.join("disk.bin"));
+    let disk = !on_memory_fs(&disk_dir);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let good = spawn_qemu_with(&dir, "good", &[]);
+    let good_chan = dir.join("good.chan");
+    let mut vms = vec![
+        spawn_qemu_with(&dir, "aa", &[("VTISM_FAKE_QEMU_CHAN", &s(&mapped))]),
+        spawn_qemu_with(
+            &dir,
+            "unmapped",
+            &[
+                ("VTISM_FAKE_QEMU_CHAN", &s(&unmapped)),
+                ("VTISM_FAKE_QEMU_MAP", ""),
+            ],
+        ),
+        spawn_qemu_with(&dir, "linked", &[("VTISM_FAKE_QEMU_CHAN", &s(&linked))]),
+    ];
+    if disk {
+        vms.push(spawn_qemu_with(
+            &dir,
+            "disk",
+            &[("VTISM_FAKE_QEMU_CHAN", &s(&on_disk))],
+        ));
+    } else {
+        eprintln!(
+            "{} is on a memory filesystem: no disk case",
+            disk_dir.display()
+        );
+    }
+    let names: &[&str] = if disk {
+        &["good", "aa", "unmapped", "linked", "disk"]
+    } else {
+        &["good", "aa", "unmapped", "linked"]
+    };
+    let mut d = daemon(&dir, 200, 10_000);
+    let step = |d: &mut Daemon| {
+        let t = Instant::now();
+        d.round();
+        let took = t.elapsed();
+        assert!(took < ON_TIME, "a round took {took:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+
+    // Every VM is managed; nobody writes a channel yet: the good VM's file stays all zeros.
+    let t = Instant::now();
+    while names.iter().any(|n| vm_status(&d, n).is_none()) {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", d.status());
+        step(&mut d);
+    }
+    for _ in 0..20 {
+        step(&mut d);
+    }
+    let g = vm_status(&d, "good").unwrap();
+    assert_eq!(g["channel"], s(&good_chan), "{g}");
+    assert_eq!(g["channel_verified"], false, "{g}");
+    assert!(
+        std::fs::read(&good_chan).unwrap().iter().all(|b| *b == 0),
+        "feedback written into a channel whose guest has not initialised it"
+    );
+    let a = vm_status(&d, "aa").unwrap();
+    assert_eq!(a["channel"], s(&mapped), "mapped, read, never written: {a}");
+    assert_eq!(a["channel_verified"], false, "{a}");
+    // (0xAA.. as capacity and count reads as a round over budget: refused before the reader.)
+    assert!(a["rounds_rejected"].as_u64().unwrap_or(0) >= 10, "{a}");
+    for (name, why) in [
+        ("unmapped", "does not map the channel file"),
+        ("linked", "2 links"),
+        ("disk", "not tmpfs or hugetlbfs"),
+    ] {
+        let Some(v) = vm_status(&d, name) else {
+            continue; // no disk case
+        };
+        assert_eq!(v["channel"], Value::Null, "{v}");
+        let problem = v["channel_problem"].as_str().unwrap_or("");
+        assert!(problem.contains(why), "{name}: {v}");
+    }
+
+    // The guest initialises its channel: its rounds are taken and it gets its feedback.
+    let mut guest = Guest::new(&good);
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        accepted(d, "good") >= 3
+    });
+    assert_eq!(vm_status(&d, "good").unwrap()["channel_verified"], true);
+    assert_eq!(
+        good.region
+            .load_u64(vtism_proto::layout::off::FAST_QUOTA_BYTES)
+            .unwrap(),
+        1 << 20,
+        "a quarter of its 4 MiB, told in its feedback"
+    );
+
+    // Another QEMU names the good VM's channel as its own backend, and maps it.
+    let thief = spawn_qemu_with(&dir, "thief", &[("VTISM_FAKE_QEMU_CHAN", &s(&good_chan))]);
+    let before = accepted(&d, "good");
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        vm_status(d, "thief").is_some() && accepted(d, "good") >= before + 5
+    });
+    let v = vm_status(&d, "thief").unwrap();
+    assert_eq!(v["channel"], Value::Null, "{v}");
+    assert!(
+        v["channel_problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("already the channel of VM good")),
+        "{v}"
+    );
+    for _ in 0..10 {
+        guest.publish();
+        step(&mut d);
+    }
+
+    // Not one byte written; every refusal counted by reason, in the status and the metrics.
+    for p in [&mapped, &unmapped, &linked, &on_disk] {
+        assert!(
+            std::fs::read(p).unwrap() == aa,
+            "{} was written to",
+            p.display()
+        );
+    }
+    let mut reasons = vec!["not_mapped", "links", "in_use"];
+    if disk {
+        reasons.push("filesystem");
+    }
+    for reason in reasons {
+        assert!(
+            refused(&d, "channel_refused", reason) >= 1,
+            "{reason}: {}",
+            d.status()["daemon"]
+        );
+        assert!(
+            metric(&dir, "vtism_channel_refused_total", reason) >= 1,
+            "{reason}"
+        );
+    }
+    assert!(
+        accepted(&d, "good") >= before + 5,
+        "the good VM kept its rounds"
+    );
+    d.shutdown();
+    drop((good, vms, thief));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&disk_dir);
+}
+
+/// Issue 24, case 2: a `[[vm]]` entry with a socket is that socket's, whatever name the VM
+/// reports. With `manage_discovered = false`, an impostor reporting db1's name on another socket
+/// (and mapping db1's channel file) is not managed: before, it got db1's entry, the channel file
+/// the entry names and db1's share of the pool. Nothing is written into db1's channel while only
+/// the impostor runs; the real db1 on its socket gets its entry. An entry without a socket
+/// matches by name, one live VM at a time: a second process reporting web1's name is refused and
+/// counted (`entry_in_use`), and web1 stays managed.
+#[test]
+fn vm_entries_are_pinned_to_their_socket_and_held_by_one_vm() {
+    let _beside = beside_others();
+    let dir = test_dir("pinned");
+    let db1_chan = dir.join("db1.chan");
+    let db1_sock = dir.join("qmp/db1.qmp");
+    let cfg = format!(
+        r#"{}
+[defaults]
+manage_discovered = false
+[pool]
+mode = "pool"
+fast_mib = 8
+[[vm]]
+name = "db1"
+qmp_socket = "{}"
+channel = "{}"
+fast_quota_mib = 2
+[[vm]]
+name = "web1"
+fast_quota_mib = 1
+"#,
+        daemon_sections(&dir, 200),
+        db1_sock.display(),
+        db1_chan.display()
+    );
+    let mut d = Daemon::new(Config::parse(&cfg).unwrap(), None).unwrap();
+
+    // db1's channel holds a valid header (a write would show), and the impostor maps it.
+    let side = common::shm_channel(&db1_chan, 1 << 20);
+    let before = std::fs::read(&db1_chan).unwrap();
+    let chan = db1_chan.to_str().unwrap();
+    let impostor = spawn_qemu_with(
+        &dir,
+        "impostor",
+        &[
+            ("VTISM_FAKE_QEMU_NAME", "db1"),
+            ("VTISM_FAKE_QEMU_CHAN", chan),
+        ],
+    );
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(1500) {
+        d.round();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = d.status();
+    assert_eq!(st["vms"].as_array().unwrap().len(), 0, "{st}");
+    assert!(
+        std::fs::read(&db1_chan).unwrap() == before,
+        "the impostor's daemon wrote into db1's channel"
+    );
+    drop(side);
+
+    // The real db1, on the socket its entry names: managed with its entry.
+    let db1 = spawn_qemu_with(&dir, "db1", &[]);
+    let mut guest = Guest::new(&db1);
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        accepted(d, "db1") >= 3
+    });
+    let v = vm_status(&d, "db1").unwrap();
+    assert_eq!(v["socket"], db1_sock.to_str().unwrap(), "{v}");
+    assert_eq!(v["channel"], chan, "{v}");
+    assert_eq!(v["quota_share_bytes"], 2 << 20, "its entry's share: {v}");
+
+    // web1 (an entry without a socket) by name; then a second process calling itself web1.
+    let web1 = spawn_qemu_with(&dir, "web1", &[]);
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        vm_status(d, "web1").is_some()
+    });
+    let copy = spawn_qemu_with(&dir, "web1-copy", &[("VTISM_FAKE_QEMU_NAME", "web1")]);
+    let accepted_before = accepted(&d, "db1");
+    let slowest = rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        refused(d, "admission_refused", "entry_in_use") >= 2
+            && accepted(d, "db1") >= accepted_before + 5
+    });
+    assert!(slowest < ON_TIME, "a round took {slowest:?}");
+    let st = d.status();
+    let vms = st["vms"].as_array().unwrap();
+    let sockets: Vec<&str> = vms.iter().map(|v| v["socket"].as_str().unwrap()).collect();
+    assert_eq!(vms.len(), 2, "db1 and web1 only: {sockets:?}");
+    let web1_sock = dir.join("qmp/web1.qmp");
+    assert!(
+        sockets.contains(&web1_sock.to_str().unwrap()),
+        "{sockets:?}"
+    );
+    assert_eq!(vm_status(&d, "web1").unwrap()["quota_share_bytes"], 1 << 20);
+    assert!(metric(&dir, "vtism_admission_refused_total", "entry_in_use") >= 2);
+    d.shutdown();
+    drop((impostor, db1, web1, copy));
     let _ = std::fs::remove_dir_all(&dir);
 }

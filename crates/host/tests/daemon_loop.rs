@@ -29,9 +29,7 @@ fn vm_status(d: &Daemon) -> Option<Value> {
 
 #[test]
 fn daemon_rounds_against_a_fake_qemu() {
-    let dir = std::env::temp_dir().join(format!("vtism-daemon-loop-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    let dir = common::shm_test_dir("daemon-loop");
     let chan = dir.join("fake.chan");
     std::fs::File::create(&chan)
         .unwrap()

@@ -140,9 +140,7 @@ fn selectors_are_parsed() {
 
 #[test]
 fn every_dashboard_query_names_served_metrics() {
-    let dir = std::env::temp_dir().join(format!("vtism-grafana-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    let dir = common::shm_test_dir("grafana");
     let chan = dir.join("fake.chan");
     std::fs::File::create(&chan)
         .unwrap()

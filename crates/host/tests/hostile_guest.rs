@@ -75,9 +75,7 @@ fn guest(dir: &Path, name: &str) -> Guest {
 
 #[test]
 fn a_hostile_guest_is_bounded_and_let_go_and_the_other_vm_keeps_its_rounds() {
-    let dir = std::env::temp_dir().join(format!("vtism-hostile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    let dir = common::shm_test_dir("hostile");
     let mut good = guest(&dir, "good");
     let bad = guest(&dir, "bad");
     let cfg = Config::parse(&format!(

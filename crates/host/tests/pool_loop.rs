@@ -134,9 +134,7 @@ fn hints(frames: u64) -> Vec<HintEntry> {
 
 #[test]
 fn pool_moves_quota_to_the_vm_with_the_larger_hot_set() {
-    let dir = std::env::temp_dir().join(format!("vtism-pool-loop-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    let dir = common::shm_test_dir("pool-loop");
     let (_qb, rb, _mb) = spawn_qemu(&dir, "big");
     let (_qs, rs, _ms) = spawn_qemu(&dir, "small");
     let mut d = Daemon::new(config(&dir, POOL, VMS), None).unwrap();
@@ -292,9 +290,7 @@ fn home_node_follows_the_vcpu_threads() {
         eprintln!("skipped: needs CPUs 0 and 1");
         return;
     }
-    let dir = std::env::temp_dir().join(format!("vtism-home-loop-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    let dir = common::shm_test_dir("home-loop");
     let (_q, _r, _m) = spawn_qemu(&dir, "roamer");
     let tid = vcpu_tid(&dir, "roamer");
     pin(tid, 1);

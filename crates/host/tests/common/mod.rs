@@ -162,6 +162,42 @@ damon_root = "{no_damon}"
     )
 }
 
+/// A fresh directory for one test, `tag`, with `qmp/` in it, on /dev/shm: vtismd takes only
+/// channel files on tmpfs or hugetlbfs, as QEMU's shared-memory backends are.
+pub fn shm_test_dir(tag: &str) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    // SAFETY: statfs is plain data; statfs(2) only writes it.
+    let mut sf: libc::statfs = unsafe { std::mem::zeroed() };
+    let c = std::ffi::CString::new("/dev/shm").unwrap();
+    // SAFETY: a NUL-terminated path and a valid pointer.
+    let ok = unsafe { libc::statfs(c.as_ptr(), &mut sf) } == 0;
+    assert!(
+        ok && sf.f_type as u32 == libc::TMPFS_MAGIC as u32,
+        "these tests need /dev/shm on tmpfs"
+    );
+    let dir = shm.join(format!("vtism-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("qmp")).unwrap();
+    dir
+}
+
+/// In a fake QEMU: maps `chan` shared and writable, as QEMU maps its ivshmem backend (vtismd
+/// takes a channel file only if QEMU maps it). Keep the mapping for the process's life.
+pub fn map_like_qemu(chan: &Path) -> ChannelFile {
+    ChannelFile::open(chan, u64::MAX, None).unwrap()
+}
+
+/// A channel file of `bytes` at `path` whose guest has published one (empty) round, and the
+/// test's mapping of it.
+pub fn shm_channel(path: &Path, bytes: u64) -> ChannelFile {
+    std::fs::File::create(path).unwrap().set_len(bytes).unwrap();
+    let map = ChannelFile::open(path, bytes, None).unwrap();
+    let region = map.region();
+    let mut w = vtism_proto::ChannelWriter::init(&region, vtism_proto::Tracker::Harness).unwrap();
+    w.publish(&[], &vtism_proto::RoundMeta::default()).unwrap();
+    map
+}
+
 /// A child process (a fake QEMU, a spoofer); killed by its pid when dropped.
 pub struct Kid(pub Child);
 
@@ -196,6 +232,7 @@ pub fn fake_qemu_process() {
     ) else {
         return;
     };
+    let _backend = map_like_qemu(Path::new(&chan));
     let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
     let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
     // The "vCPU": a thread that only sleeps; its id goes to `<sock>.tid` for the parent, which
