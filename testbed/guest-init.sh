@@ -31,6 +31,15 @@ kill -0 $W 2>/dev/null || { echo "TBERR workload died"; poweroff -f; }
 echo "TBMOD loading"
 if insmod /vtism_guest.ko $PARAMS; then
 	echo "TBMOD loaded $(cat /sys/module/vtism_guest/parameters/interval_max_ms 2>/dev/null)"
+	# the tracker's counters every 20 s (guest-console.log): what the host side cannot see, at
+	# the cost of a few sysfs reads
+	(while sleep 20; do
+		l=TBSTAT
+		for c in sweeps bursts changes rate_rises rate_falls changed_bursted; do
+			l="$l $c=$(cat /sys/kernel/vtism_guest/$c 2>/dev/null)"
+		done
+		echo "$l"
+	done) &
 else
 	echo "TBERR insmod failed"
 	dmesg | tail -20 | sed 's/^/TBDMESG /'

@@ -355,6 +355,7 @@ struct vt_tracker {
 	s64 idle_d;		/* ...and what it did to a rate: regions of a chunk share it */
 	u64 change_regions;	/* regions change detection found risen since the last round */
 	u64 changed_pending;	/* regions flagged VT_R_CHANGED, at most (vt_burst_select) */
+	bool cursor_turn;	/* this burst of a sweep starts at the cursor (vt_burst_select) */
 	u64 change_w;		/* last short coarse window's length... */
 	s64 change_lw;		/* ...its vt_change_lw() */
 	/* scratch of the passes */

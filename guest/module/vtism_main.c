@@ -577,7 +577,12 @@ static void vt_burst_select_changed(struct vt_tracker *tr, struct vt_burst *b, s
 
 /*
  * The regions the burst observes: those found changed, then from the cursor on, as many as the
- * budget pays for. Between sweeps (the seed's interval), changed ones only.
+ * budget pays for. Between sweeps (the seed's interval), changed ones only. While a sweep is
+ * under way every other burst starts at the cursor instead, the changed ones after it if the
+ * budget pays for more: where alarms come faster than bursts (a guest whose every region is
+ * busy, its coarse windows saturated and its vCPU's speed varying), changed regions took every
+ * burst, the sweep stopped for minutes, W_f was never adapted again and regions nothing flagged,
+ * a hot set's old ones among them, kept their frames' rates (docs/testbed.md).
  */
 static void vt_burst_select(struct vt_loop *l, s64 afford)
 {
@@ -586,12 +591,18 @@ static void vt_burst_select(struct vt_loop *l, s64 afford)
 	struct vt_burst *b = l->b;
 	struct vt_mm *vm = tr->cur_vm;
 	unsigned long idx = tr->cur_idx;
+	bool sweeping = vm || l->now >= tr->next_sweep_ns;
+	bool cursor_first = false;
 
+	if (sweeping) {
+		tr->cursor_turn = !tr->cursor_turn;
+		cursor_first = tr->cursor_turn;
+	}
 	b->n = 0;
 	b->wraps = false;
-	if (tr->changed_pending)
+	if (tr->changed_pending && !cursor_first)
 		vt_burst_select_changed(tr, b, afford);
-	if ((!vm && l->now < tr->next_sweep_ns) || !vt_burst_room(tr, b, afford)) {
+	if (!sweeping || !vt_burst_room(tr, b, afford)) {
 		vt_burst_start(l);
 		return;
 	}
@@ -627,6 +638,8 @@ static void vt_burst_select(struct vt_loop *l, s64 afford)
 		idx++;
 	}
 	vt_cursor_move(tr, vm, idx);
+	if (tr->changed_pending && cursor_first && vt_burst_room(tr, b, afford))
+		vt_burst_select_changed(tr, b, afford);
 	vt_burst_start(l);
 }
 

@@ -85,6 +85,8 @@ pub struct WindowTracker {
     /// Expected accesses when a bit was last cleared: a region's PMD bit by a coarse pass, by a
     /// fine pass; a unit's frames' PTE bits (the unit's accesses).
     coarse_mark: Vec<f64>,
+    /// This burst of a sweep starts at the cursor (vt_tracker.cursor_turn).
+    cursor_turn: bool,
     /// Probability that change detection has flagged the region changed since its last burst
     /// (VT_R_CHANGED); flagged at 1/2 or more, and how many are.
     changed: Vec<f64>,
@@ -160,6 +162,7 @@ impl WindowTracker {
             regions: vec![Region::default(); regions],
             frames: vec![Frame::default(); units],
             coarse_mark: vec![0.0; regions],
+            cursor_turn: false,
             changed: vec![0.0; regions],
             changed_pending: 0,
             fine_mark: vec![0.0; regions],
@@ -459,28 +462,17 @@ impl WindowTracker {
         let afford = self.credit - self.coarse_reserve();
         let room =
             |n: usize, rb: f64| n < BURST_REGIONS && (n == 0 || (n + 1) as f64 * rb <= afford);
-        let mut regions = Vec::new();
-        if self.changed_pending > 0 {
-            // the whole-table scan reads a word per region, costed as a PTE read
-            let scan = self.regions.len() as f64 * v.model.tracking.pte_read_ns;
-            self.spend(scan);
-            bill.cpu(scan);
-            let mut left = 0;
-            for r in 0..self.regions.len() {
-                if self.changed[r] < 0.5 {
-                    continue;
-                }
-                if room(regions.len(), self.region_burst_ns) {
-                    self.changed[r] = 0.0;
-                    regions.push(r);
-                } else {
-                    left += 1;
-                }
-            }
-            self.changed_pending = left;
+        // while a sweep is under way every other burst starts at the cursor
+        let sweeping = self.cursor.is_some() || self.now >= self.next_sweep;
+        if sweeping {
+            self.cursor_turn = !self.cursor_turn;
         }
-        let between = self.cursor.is_none() && self.now < self.next_sweep;
-        if between || !room(regions.len(), self.region_burst_ns) {
+        let cursor_first = sweeping && self.cursor_turn;
+        let mut regions = Vec::new();
+        if self.changed_pending > 0 && !cursor_first {
+            self.select_changed(&mut regions, afford, v, bill);
+        }
+        if !sweeping || !room(regions.len(), self.region_burst_ns) {
             self.burst_begin(regions, false, v, bill);
             return;
         }
@@ -511,7 +503,39 @@ impl WindowTracker {
             idx += 1;
         }
         self.cursor = Some(idx);
+        if self.changed_pending > 0 && cursor_first && room(regions.len(), self.region_burst_ns) {
+            self.select_changed(&mut regions, afford, v, bill);
+        }
         self.burst_begin(regions, wraps, v, bill);
+    }
+
+    /// vt_burst_select_changed: the flagged regions into `regions` while the budget pays
+    /// (the first always), the rest left flagged; the whole-table scan reads a word per region,
+    /// costed as a PTE read.
+    fn select_changed(
+        &mut self,
+        regions: &mut Vec<usize>,
+        afford: f64,
+        v: &EpochView<'_>,
+        bill: &mut Bill,
+    ) {
+        let scan = self.regions.len() as f64 * v.model.tracking.pte_read_ns;
+        self.spend(scan);
+        bill.cpu(scan);
+        let mut left = 0;
+        for r in 0..self.regions.len() {
+            if self.changed[r] < 0.5 || regions.contains(&r) {
+                continue;
+            }
+            let n = regions.len();
+            if n < BURST_REGIONS && (n == 0 || (n + 1) as f64 * self.region_burst_ns <= afford) {
+                self.changed[r] = 0.0;
+                regions.push(r);
+            } else {
+                left += 1;
+            }
+        }
+        self.changed_pending = left;
     }
 
     /// The burst over `regions` starts with its clearing pass (or ends at once when empty).
