@@ -179,6 +179,16 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
         let nodes = l.ram.nodes()?;
         let on = |set: &[i32], i: usize| set.contains(&nodes[i]);
         let st = vtismd::status(&a.control_socket, &a.vm);
+        // The guest announces the module before insmod, whose first round vtismd may take
+        // while this sample is read: with the announcement seen after the status, the sample is
+        // the tracking phase's, or that round would count against the control phase.
+        for line in tail.poll()? {
+            con.line(&line);
+        }
+        if con.module_loaded && loaded_at.is_none() {
+            loaded_at = Some(t);
+            println!("TB tracker module loaded at {t:.0} s: tracking phase");
+        }
         let known = |k: &str| st.as_ref().and_then(|v| v[k].as_u64());
         let field = |k: &str| known(k).unwrap_or(0);
         let s = Sample {
