@@ -584,8 +584,8 @@ fn track<R: SharedRegion>(
             write_atomic(f, &stats.render())?;
         }
         if let Some(f) = &cfg.status_file {
-            std::fs::write(f, format!("{}\n", published.round))
-                .with_context(|| format!("writing {}", f.display()))?;
+            // replaced whole: rewritten in place, it reads empty to whoever reads it meanwhile
+            write_atomic(f, &format!("{}\n", published.round))?;
         }
         tracing::debug!(
             round = published.round,
