@@ -161,10 +161,6 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             continue;
         };
         let t = t0.elapsed().as_secs_f64();
-        if con.module_loaded && loaded_at.is_none() {
-            loaded_at = Some(t);
-            println!("TB tracker module loaded at {t:.0} s: tracking phase");
-        }
         let l = layout_.as_mut().expect("layout is set with ready_at");
         if con.truth.moved_at_ms.is_some() && moved_at.is_none() {
             l.move_hot_set();
@@ -180,8 +176,8 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
         let on = |set: &[i32], i: usize| set.contains(&nodes[i]);
         let st = vtismd::status(&a.control_socket, &a.vm);
         // The guest announces the module before insmod, whose first round vtismd may take
-        // while this sample is read: with the announcement seen after the status, the sample is
-        // the tracking phase's, or that round would count against the control phase.
+        // while this sample is read: the console is read again after the status, so that a
+        // sample holding that round is the tracking phase's, not the control phase's.
         for line in tail.poll()? {
             con.line(&line);
         }
@@ -327,12 +323,11 @@ fn published_levels(
     let others: Vec<usize> = (0..lv.len())
         .filter(|&i| on_dram(i) && !hot.contains(&i))
         .collect();
-    let outside: Vec<u8> = (0..lv.len())
+    let mut outside: Vec<u8> = (0..lv.len())
         .filter(|&i| !on_dram(i) && !hot.contains(&i))
         .map(|i| lv[i])
         .collect();
-    let mut sorted = outside.clone();
-    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    outside.sort_unstable_by(|a, b| b.cmp(a));
     Some(PublishedLevels {
         round,
         hot_by_2mib: l
@@ -350,7 +345,7 @@ fn published_levels(
         dram_others: others.len() as u64,
         dram_others_old_hot: others.iter().filter(|i| old.contains(i)).count() as u64,
         dram_others_median: median(others.iter().map(|&i| lv[i]).collect()),
-        off_dram_top512: sorted.get(511).copied().unwrap_or(0),
+        off_dram_top512: outside.get(511).copied().unwrap_or(0),
     })
 }
 

@@ -460,8 +460,6 @@ impl WindowTracker {
     /// clearing pass.
     fn burst_start(&mut self, v: &EpochView<'_>, bill: &mut Bill) {
         let afford = self.credit - self.coarse_reserve();
-        let room =
-            |n: usize, rb: f64| n < BURST_REGIONS && (n == 0 || (n + 1) as f64 * rb <= afford);
         // while a sweep is under way every other burst starts at the cursor
         let sweeping = self.cursor.is_some() || self.now >= self.next_sweep;
         if sweeping {
@@ -472,7 +470,7 @@ impl WindowTracker {
         if self.changed_pending > 0 && !cursor_first {
             self.select_changed(&mut regions, afford, v, bill);
         }
-        if !sweeping || !room(regions.len(), self.region_burst_ns) {
+        if !sweeping || !self.burst_room(regions.len(), afford) {
             self.burst_begin(regions, false, v, bill);
             return;
         }
@@ -493,7 +491,7 @@ impl WindowTracker {
                 wraps = true;
                 break;
             }
-            if !room(regions.len(), self.region_burst_ns) {
+            if !self.burst_room(regions.len(), afford) {
                 break;
             }
             if !regions.contains(&idx) {
@@ -503,10 +501,16 @@ impl WindowTracker {
             idx += 1;
         }
         self.cursor = Some(idx);
-        if self.changed_pending > 0 && cursor_first && room(regions.len(), self.region_burst_ns) {
+        if self.changed_pending > 0 && cursor_first && self.burst_room(regions.len(), afford) {
             self.select_changed(&mut regions, afford, v, bill);
         }
         self.burst_begin(regions, wraps, v, bill);
+    }
+
+    /// vt_burst_room: room in a burst of `n` regions for one more that `afford` pays for (the
+    /// first always).
+    fn burst_room(&self, n: usize, afford: f64) -> bool {
+        n < BURST_REGIONS && (n == 0 || (n + 1) as f64 * self.region_burst_ns <= afford)
     }
 
     /// vt_burst_select_changed: the flagged regions into `regions` while the budget pays
@@ -527,8 +531,7 @@ impl WindowTracker {
             if self.changed[r] < 0.5 || regions.contains(&r) {
                 continue;
             }
-            let n = regions.len();
-            if n < BURST_REGIONS && (n == 0 || (n + 1) as f64 * self.region_burst_ns <= afford) {
+            if self.burst_room(regions.len(), afford) {
                 self.changed[r] = 0.0;
                 regions.push(r);
             } else {
