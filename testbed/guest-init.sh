@@ -35,7 +35,7 @@ if insmod /vtism_guest.ko $PARAMS; then
 	# the cost of a few sysfs reads
 	(while sleep 20; do
 		l=TBSTAT
-		for c in sweeps bursts changes rate_rises rate_falls changed_bursted; do
+		for c in sweeps bursts changes rate_rises rate_falls changed_bursted neighbours_flagged; do
 			l="$l $c=$(cat /sys/kernel/vtism_guest/$c 2>/dev/null)"
 		done
 		echo "$l"

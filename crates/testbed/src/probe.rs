@@ -335,6 +335,11 @@ fn published_levels(
             .chunks(512)
             .map(|c| median(c.iter().map(|&i| lv[i]).collect()))
             .collect(),
+        old_hot_by_2mib: l
+            .old_hot
+            .chunks(512)
+            .map(|c| median(c.iter().map(|&i| lv[i]).collect()))
+            .collect(),
         hot_off_dram: median(
             l.hot
                 .iter()
