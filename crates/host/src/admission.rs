@@ -365,6 +365,12 @@ mod tests {
                 "admission.qemu_executables",
             ),
             ("qemu_executables = [\"\"]", "admission.qemu_executables"),
+            ("qemu_executables = []", "admission.qemu_executables"),
+            ("qemu_executables = [\"*\"]", "admission.qemu_executables"),
+            (
+                "qemu_executables = [\"qemu-kvm\", \"?*\"]",
+                "admission.qemu_executables",
+            ),
             ("max_vms = 0", "admission.max_vms"),
             ("attach_threads = 1000", "admission.attach_threads"),
             ("max_pending_sockets = 0", "admission.max_pending_sockets"),

@@ -80,6 +80,9 @@ pub fn host_main(args: HostArgs) -> anyhow::Result<()> {
         if args.print_topology {
             println!("{}", serde_json::to_string_pretty(&topo)?);
         } else {
+            for w in cfg.warnings() {
+                println!("warning: {w}");
+            }
             println!(
                 "configuration OK: {} node(s) ({} fast), {} [[vm]] entr{}; {}",
                 topo.nodes.len(),
@@ -100,6 +103,9 @@ pub fn host_main(args: HostArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     init_logging(&cfg);
+    for w in cfg.warnings() {
+        tracing::warn!("configuration: {w}");
+    }
     crate::sys::signals::install();
     let mut d = Daemon::new(cfg, path)?;
     d.run()

@@ -646,6 +646,7 @@ impl Config {
             "defaults.quota_max_percent",
             self.defaults.quota_max_percent,
         )?;
+        self.validate_paths()?;
         self.validate_pool()?;
         self.validate_admission()?;
         self.validate_host_tracking()?;
@@ -726,6 +727,55 @@ impl Config {
         Ok(())
     }
 
+    /// Paths are absolute: relative ones would be resolved against whatever directory vtismd
+    /// was started in (`/` under systemd), not the configuration file's.
+    fn validate_paths(&self) -> Result<(), ConfigError> {
+        let mut paths: Vec<(String, &Path)> = vec![
+            ("daemon.control_socket".into(), &self.daemon.control_socket),
+            ("daemon.sysfs_root".into(), &self.daemon.sysfs_root),
+        ];
+        for (i, d) in self.discovery.scan_dirs.iter().enumerate() {
+            paths.push((format!("discovery.scan_dirs[{i}]"), d));
+        }
+        for (i, v) in self.vms.iter().enumerate() {
+            if let Some(q) = &v.qmp_socket {
+                paths.push((format!("vm[{i}].qmp_socket"), q));
+            }
+            if let Some(c) = &v.channel {
+                paths.push((format!("vm[{i}].channel"), c));
+            }
+        }
+        for (field, p) in paths {
+            if !p.as_os_str().is_empty() && !p.is_absolute() {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "`{}` is relative; give an absolute path (vtismd's working directory is \
+                         not the configuration file's)",
+                        p.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Settings that are valid but worth a second look, one line each: printed by
+    /// `--check-config` and logged when the daemon starts.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if let Ok(a) = self.daemon.metrics_listen.parse::<std::net::SocketAddr>() {
+            if a.ip().is_unspecified() {
+                w.push(format!(
+                    "daemon.metrics_listen: `{a}` serves the metrics (VM names, quotas, page \
+                     counts) on every interface, without authentication; name one address, or \
+                     keep 127.0.0.1 behind a proxy"
+                ));
+            }
+        }
+        w
+    }
+
     fn validate_admission(&self) -> Result<(), ConfigError> {
         let a = &self.admission;
         if a.qemu_executables
@@ -735,6 +785,26 @@ impl Config {
             return Err(invalid(
                 "admission.qemu_executables",
                 "each entry is a file name pattern (no `/`, not empty)",
+            ));
+        }
+        if a.qemu_executables.is_empty() {
+            return Err(invalid(
+                "admission.qemu_executables",
+                "lists nothing, so no QEMU would ever be managed (the default is \
+                 [\"qemu-system-*\", \"qemu-kvm\"])",
+            ));
+        }
+        if let Some(p) = a
+            .qemu_executables
+            .iter()
+            .find(|p| p.chars().all(|c| c == '*' || c == '?'))
+        {
+            return Err(invalid(
+                "admission.qemu_executables",
+                format!(
+                    "`{p}` matches any program, which vtismd (root) would then move pages for; \
+                     name QEMU's executables (e.g. \"qemu-system-*\")"
+                ),
             ));
         }
         for (f, v, lo, hi) in [
@@ -1167,6 +1237,48 @@ mod tests {
     use super::*;
 
     /// An entry with a socket is that socket's, whatever name the VM on it reports; an entry
+    #[test]
+    fn relative_paths_are_refused_with_their_field() {
+        for (text, field) in [
+            (
+                "[daemon]\ncontrol_socket = \"vtismd.sock\"\n",
+                "daemon.control_socket",
+            ),
+            ("[daemon]\nsysfs_root = \"sys\"\n", "daemon.sysfs_root"),
+            (
+                "[discovery]\nscan_dirs = [\"/run/vtism\", \"qmp\"]\n",
+                "discovery.scan_dirs[1]",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nqmp_socket = \"a.qmp\"\n",
+                "vm[0].qmp_socket",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nchannel = \"./a.chan\"\n",
+                "vm[0].channel",
+            ),
+        ] {
+            let e = Config::parse(text).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{text}: {e}");
+            assert!(e.to_string().contains("absolute"), "{e}");
+        }
+        assert!(Config::parse("[[vm]]\nname = \"a\"\nchannel = \"/dev/shm/a\"\n").is_ok());
+    }
+
+    #[test]
+    fn metrics_on_every_interface_are_a_warning() {
+        let c = Config::parse("").unwrap();
+        assert_eq!(c.warnings(), Vec::<String>::new());
+        for addr in ["0.0.0.0:9464", "[::]:9464"] {
+            let c = Config::parse(&format!("[daemon]\nmetrics_listen = \"{addr}\"\n")).unwrap();
+            let w = c.warnings();
+            assert_eq!(w.len(), 1, "{addr}");
+            assert!(w[0].starts_with("daemon.metrics_listen"), "{w:?}");
+        }
+        let c = Config::parse("[daemon]\nmetrics_listen = \"10.0.0.5:9464\"\n").unwrap();
+        assert!(c.warnings().is_empty());
+    }
+
     /// without one matches by name; a name never reaches an entry pinned to a socket.
     #[test]
     fn entries_with_a_socket_match_by_socket_only() {
