@@ -675,6 +675,16 @@ impl Config {
                     "a [[vm]] needs a name or a qmp_socket",
                 ));
             }
+            if v.name.len() > crate::vm::NAME_MAX_BYTES || v.name.chars().any(char::is_control) {
+                return Err(invalid(
+                    format!("vm[{i}].name"),
+                    format!(
+                        "at most {} bytes and no control characters (the names vtismd keeps of \
+                         what QEMU reports)",
+                        crate::vm::NAME_MAX_BYTES
+                    ),
+                ));
+            }
             if !v.name.is_empty() && !names.insert(v.name.clone()) {
                 return Err(invalid(
                     format!("vm[{i}].name"),
@@ -1263,6 +1273,19 @@ mod tests {
             assert!(e.to_string().contains("absolute"), "{e}");
         }
         assert!(Config::parse("[[vm]]\nname = \"a\"\nchannel = \"/dev/shm/a\"\n").is_ok());
+    }
+
+    #[test]
+    fn vm_names_are_ones_vtismd_can_keep() {
+        for name in [
+            "a\\nb".to_string(),
+            "x".repeat(crate::vm::NAME_MAX_BYTES + 1),
+        ] {
+            let e = Config::parse(&format!("[[vm]]\nname = \"{name}\"\n")).unwrap_err();
+            assert_eq!(e.field(), Some("vm[0].name"), "{e}");
+        }
+        let max = "x".repeat(crate::vm::NAME_MAX_BYTES);
+        assert!(Config::parse(&format!("[[vm]]\nname = \"{max}\"\n")).is_ok());
     }
 
     #[test]
