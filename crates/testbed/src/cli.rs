@@ -48,7 +48,7 @@ pub struct RunArgs {
     /// full-stack test's smaller run).
     #[arg(long, value_enum, default_value_t = Profile::Demo)]
     pub profile: Profile,
-    /// Results directory (default: build/testbed/runs/<profile>-<unix time>).
+    /// Results directory (default: build/testbed/runs/<profile>-<unix time>-<pid>).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The vtism repository (default: the one this binary was built in).
@@ -128,7 +128,8 @@ pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
             Profile::Demo => "demo",
             Profile::Test => "test",
         };
-        repo.join(format!("build/testbed/runs/{p}-{t}"))
+        // the pid too: two runs started in one second must not share a directory
+        repo.join(format!("build/testbed/runs/{p}-{t}-{}", std::process::id()))
     });
     let ok = driver::run(RunOptions {
         repo,
