@@ -52,9 +52,9 @@ truncate -s 1M /dev/shm/vtism-guest.chan
 # Guest RAM preallocated and interleaved over the two CXL nodes: the workload starts on slow
 # memory, as a VM does once its DRAM share is gone.
 # -icount: the guest's clock counts its own instructions (2^shift ns each), so that TCG's swings
-# in speed are not swings in every rate the guest measures (docs/testbed.md, "The nested guest's
-# clock").
-qemu-system-x86_64 -accel tcg,tb-size=64 -icount shift=$NESTED_ICOUNT_SHIFT,align=off,sleep=on -machine q35 -cpu qemu64,cx16=off -smp 1 -m ${GUEST_MIB}M \
+# in speed are not swings in every rate the guest measures; align=on: and it never runs ahead of
+# wall time (docs/testbed.md, "The nested guest's clock").
+qemu-system-x86_64 -accel tcg,tb-size=64 -icount shift=$NESTED_ICOUNT_SHIFT,align=on,sleep=on -machine q35 -cpu qemu64,cx16=off -smp 1 -m ${GUEST_MIB}M \
 	-name guest -display none -nodefaults -no-reboot \
 	-object memory-backend-ram,id=ram0,size=${GUEST_MIB}M,prealloc=on,host-nodes=2-3,policy=interleave \
 	-numa node,nodeid=0,memdev=ram0 \

@@ -614,7 +614,7 @@ mod tests {
 
     #[test]
     fn the_control_phase_is_long_enough_in_wall_time_whatever_the_guests_clock() {
-        // The guest's 45 s went by in 16 s of wall time: enough for fifteen vtismd rounds.
+        // The control phase went by in 16 s of wall time: enough for fifteen vtismd rounds.
         let s = still();
         let mut v = good_run();
         v.retain(|x| x.phase == Phase::Tracking || x.t_s >= 14.0);
