@@ -328,18 +328,16 @@ fn published_levels(
         .map(|i| lv[i])
         .collect();
     outside.sort_unstable_by(|a, b| b.cmp(a));
+    let per_2mib = |frames: &[usize]| -> Vec<u8> {
+        frames
+            .chunks(512)
+            .map(|c| median(c.iter().map(|&i| lv[i]).collect()))
+            .collect()
+    };
     Some(PublishedLevels {
         round,
-        hot_by_2mib: l
-            .hot
-            .chunks(512)
-            .map(|c| median(c.iter().map(|&i| lv[i]).collect()))
-            .collect(),
-        old_hot_by_2mib: l
-            .old_hot
-            .chunks(512)
-            .map(|c| median(c.iter().map(|&i| lv[i]).collect()))
-            .collect(),
+        hot_by_2mib: per_2mib(&l.hot),
+        old_hot_by_2mib: per_2mib(&l.old_hot),
         hot_off_dram: median(
             l.hot
                 .iter()
