@@ -4,6 +4,8 @@
 //! daemon and the simulator drive the same code through the [`Policy`] trait.
 //!
 //! - [`topology`]: nodes, tiers, capacities, distances.
+//! - [`folio`]: host folios (2 MiB blocks the host maps huge) and the rule that folds 4 KiB
+//!   observations into them.
 //! - [`hotness`]: the 4-byte per-frame state and the bucket key.
 //! - [`vtism`]: the vtism policy (ingest, classify in O(frames), plan).
 //! - [`pool`]: fast-memory quotas across VMs (island or pool mode).
@@ -15,6 +17,7 @@
 //! - [`synth`]: seeded synthetic workloads for tests, benchmarks and the demo.
 
 pub mod allowance;
+pub mod folio;
 pub mod hotness;
 pub mod params;
 pub mod placement;
@@ -28,6 +31,7 @@ pub mod types;
 pub mod vtism;
 
 pub use allowance::{cut_to_allowances, trim_after_demote, Allowances, Cut};
+pub use folio::HostFolios;
 pub use params::{EngineParams, ParamError};
 pub use placement::{coalesce, Coalescer, PlacementRun};
 pub use plan::{Direction, Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};

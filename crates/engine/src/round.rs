@@ -211,6 +211,17 @@ impl Tiering {
         Ok(changes)
     }
 
+    /// Which 2 MiB blocks of a VM's RAM the host maps huge: each is placed whole and its frames'
+    /// observations fold into one by the folio rule (`VtismPolicy::set_host_folios`). Returns
+    /// the number of folios kept.
+    pub fn set_host_folios(
+        &mut self,
+        vm: VmId,
+        heads: impl IntoIterator<Item = vtism_proto::Gfn>,
+    ) -> Result<u64, EngineError> {
+        self.engine.set_host_folios(vm, heads)
+    }
+
     /// One observation of a VM (a validated hint round, or host-side access counts).
     pub fn observe(
         &mut self,

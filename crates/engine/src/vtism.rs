@@ -3,6 +3,7 @@
 mod buckets;
 mod ingest;
 
+use crate::folio::{fold_into_folios, HostFolios};
 use crate::hotness::{
     key_level, key_of, FrameState, Key, Tables, COLD_SLOT, KEY_BUCKETS, NODE_UNKNOWN, RING,
 };
@@ -12,7 +13,9 @@ use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, 
 use crate::topology::Topology;
 use crate::types::{Nanos, NodeId, VmId};
 use std::collections::HashMap;
-use vtism_proto::{CountMeaning, Gfn, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES};
+use vtism_proto::{
+    CountMeaning, Gfn, GfnRange, HintEntry, PageType, RamMap, FRAME_SIZE, HUGE_FRAMES,
+};
 
 /// Every frame is visited for maintenance once in this many hint rounds (a slice each round), so
 /// stamps never wrap.
@@ -39,6 +42,12 @@ struct VmState {
     huge_map: Vec<u64>,
     /// Bits set in `huge_map`: while there are none, 4 KiB hints need not look.
     huge_marks: u64,
+    /// The 2 MiB blocks the host maps huge (`VtismPolicy::set_host_folios`): marked as units,
+    /// and their 4 KiB observations folded into one per folio (`folio`).
+    host_folios: HostFolios,
+    /// Dense frames of partial host folios (`HostFolios::partial_heads`), in order: never
+    /// promoted.
+    held: Vec<std::ops::Range<usize>>,
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
@@ -170,6 +179,8 @@ pub struct VmSummary {
     pub counts: CountMeaning,
     pub last_observed: Option<Nanos>,
     pub last_plan: VmPlanStats,
+    /// 2 MiB blocks placed whole because the host maps them huge.
+    pub host_folios: u64,
 }
 
 /// A unit for planning: a 4 KiB frame or a 2 MiB unit, by dense index. `frames` is how many of
@@ -197,6 +208,9 @@ pub struct VtismPolicy {
     hist_slow: Vec<u64>,
     /// A large hint round's entries sorted by where their frames are.
     ingest_scratch: ingest::IngestScratch,
+    /// A round's entries with those in host folios folded (`folio::fold_into_folios`).
+    folded: Vec<HintEntry>,
+    fold_scratch: Vec<u64>,
 }
 
 impl VtismPolicy {
@@ -223,6 +237,8 @@ impl VtismPolicy {
             hist_fast: vec![0; KEY_BUCKETS],
             hist_slow: vec![0; KEY_BUCKETS],
             ingest_scratch: Default::default(),
+            folded: Vec::new(),
+            fold_scratch: Vec::new(),
         })
     }
 
@@ -292,6 +308,7 @@ impl VtismPolicy {
             counts: v.counts,
             last_observed: v.last_observed,
             last_plan: v.last_stats.clone(),
+            host_folios: v.host_folios.len(),
         })
     }
 
@@ -411,12 +428,58 @@ impl VtismPolicy {
                     + v.spans.capacity() * std::mem::size_of::<Span>()
                     + v.hist.capacity() * 32
                     + v.bucket_room.capacity() * 4
+                    + v.host_folios.memory_bytes()
+                    + v.held.capacity() * 16
                     + std::mem::size_of::<VmState>()
             })
             .sum();
         frames
             + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
             + self.ingest_scratch.memory_bytes()
+            + self.folded.capacity() * 8
+            + self.fold_scratch.capacity() * 8
+    }
+
+    /// The host maps the 2 MiB blocks headed by `heads` with one huge page each (and no others):
+    /// the planner moves each as one unit, and their frames' observations fold into one per
+    /// folio by the folio rule (`folio`). Blocks that stopped being folios (split on the host)
+    /// go back to 4 KiB placement; their frames keep the folio's hotness until hinted again.
+    /// Heads that are not whole 2 MiB blocks of one RAM range are dropped. Returns the number of
+    /// folios.
+    pub fn set_host_folios(
+        &mut self,
+        vm: VmId,
+        heads: impl IntoIterator<Item = Gfn>,
+    ) -> Result<u64, EngineError> {
+        let p = self.vm_pos(vm)?;
+        let v = &mut self.vms[p];
+        let new = HostFolios::new(&v.spec.ram, heads);
+        let old = std::mem::take(&mut v.host_folios);
+        let gone: Vec<Gfn> = old.heads().filter(|h| !new.holds(*h)).collect();
+        let came: Vec<Gfn> = new.heads().filter(|h| !old.holds(*h)).collect();
+        for (heads, on) in [(gone, false), (came, true)] {
+            for head in heads {
+                if let Some(idx) = v.spec.ram.index_of(head) {
+                    v.set_huge(idx as usize, on);
+                }
+            }
+        }
+        v.held = new
+            .partial_heads()
+            .flat_map(|head| {
+                let block = GfnRange::new(head, Gfn(head.0 + HUGE_FRAMES));
+                v.spec.ram.index_spans().filter_map(move |(r, first)| {
+                    let (a, b) = (r.start.0.max(block.start.0), r.end.0.min(block.end.0));
+                    (a < b).then(|| {
+                        let at = (first + (a - r.start.0)) as usize;
+                        at..at + (b - a) as usize
+                    })
+                })
+            })
+            .collect();
+        v.host_folios = new;
+        v.dirty = true;
+        Ok(v.host_folios.len())
     }
 
     /// Free frames per node for this plan: observed, or capacity minus what our VMs hold.
@@ -580,6 +643,7 @@ impl VtismPolicy {
         let mut victs: Vec<Unit> = Vec::new();
         if prom_caps.iter().any(|&c| c > 0) || vict_caps.iter().any(|&c| c > 0) {
             let mut i = 0;
+            let mut held = v.held.iter().peekable();
             while i < n {
                 let s = v.frames[i];
                 let w = if s.huge_head() {
@@ -588,7 +652,9 @@ impl VtismPolicy {
                     1
                 };
                 let node = s.node_raw();
-                if node != NODE_UNKNOWN {
+                while held.next_if(|h| h.end <= i).is_some() {}
+                let never_promoted = held.peek().is_some_and(|h| h.start <= i);
+                if node != NODE_UNKNOWN && !(never_promoted && !is_fast[node as usize]) {
                     let k = tables.key(s, r) as usize;
                     let caps = if is_fast[node as usize] {
                         &mut vict_caps
@@ -913,6 +979,8 @@ impl Policy for VtismPolicy {
         let st = VmState {
             huge_map: vec![0; (frames as usize / HUGE_FRAMES as usize) / 64 + 1],
             huge_marks: 0,
+            host_folios: HostFolios::default(),
+            held: Vec::new(),
             spans,
             frames: vec![FrameState::NEW; frames as usize],
             spec,
@@ -962,12 +1030,13 @@ impl Policy for VtismPolicy {
         let scratch = &mut self.ingest_scratch;
         let v = &mut self.vms[p];
         v.last_observed = Some(now);
-        Ok(match obs {
+        let access_entries: Vec<HintEntry>;
+        let (entries, counts) = match obs {
             Observation::Hints {
                 entries, counts, ..
-            } => v.ingest(tables, counts, entries, scratch),
+            } => (entries, counts),
             Observation::Accesses(acc) => {
-                let entries: Vec<HintEntry> = acc
+                access_entries = acc
                     .iter()
                     .filter(|a| a.reads + a.writes > 0)
                     .map(|a| {
@@ -981,9 +1050,18 @@ impl Policy for VtismPolicy {
                         )
                     })
                     .collect();
-                v.ingest(tables, CountMeaning::RoundsSeen, &entries, scratch)
+                (&access_entries[..], CountMeaning::RoundsSeen)
             }
-        })
+        };
+        if v.host_folios.is_empty() {
+            return Ok(v.ingest(tables, counts, entries, scratch));
+        }
+        let (folded, inside) = (&mut self.folded, &mut self.fold_scratch);
+        fold_into_folios(entries, &v.host_folios, counts, inside, folded);
+        let mut st = v.ingest(tables, counts, folded, scratch);
+        // The guest's entries, as it sent them; the folios' entries are counted as applied.
+        st.entries = entries.len() as u64;
+        Ok(st)
     }
 
     fn set_placement(

@@ -1005,7 +1005,7 @@ impl VmState {
         huge_bit(&self.huge_map, head_idx)
     }
 
-    fn set_huge(&mut self, head_idx: usize, on: bool) {
+    pub(super) fn set_huge(&mut self, head_idx: usize, on: bool) {
         self.frames[head_idx].set_huge_head(on);
         let b = head_idx / HUGE_FRAMES as usize;
         if let Some(w) = self.huge_map.get_mut(b / 64) {
