@@ -10,10 +10,11 @@
 //! mapped by a PMD; a THP mapped by 4 KiB entries (after a partial munmap or mprotect of it) is
 //! not seen.
 
+use crate::mtree::GuestMemory;
 use crate::sys::{self, PageRegion, PAGE_IS_HUGE};
 use serde::Serialize;
 use std::io;
-use vtism_proto::Hva;
+use vtism_proto::{Gfn, Hva, FRAME_SIZE, HUGE_FRAMES};
 
 /// Bytes of a PMD-mapped THP, and of a block.
 pub const BLOCK_BYTES: u64 = 2 << 20;
@@ -146,6 +147,8 @@ pub struct BackingSummary {
     /// are known.
     pub huge_blocks: u64,
     pub blocks_known: bool,
+    /// 2 MiB blocks the engine places whole as host folios (`folios`).
+    pub folio_blocks: u64,
 }
 
 pub fn summarize(ranges: &[RangeBacking]) -> BackingSummary {
@@ -164,6 +167,58 @@ pub fn summarize(ranges: &[RangeBacking]) -> BackingSummary {
         s.blocks_known &= r.method == Method::PagemapScan || r.thp_bytes == 0;
     }
     s
+}
+
+/// The guest's 2 MiB blocks the host maps with one huge page each, by head frame: what the engine
+/// places whole (`Tiering::set_host_folios`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Folios {
+    pub heads: Vec<Gfn>,
+    /// Blocks taken as folios because THPs are somewhere in their range and the kernel cannot
+    /// say where (smaps only): placing them whole can only move too little, never break a quota.
+    pub assumed: u64,
+    /// Bytes of THP or hugetlbfs backing in ranges whose host and guest addresses are not
+    /// congruent modulo 2 MiB: a host folio there straddles two guest blocks, which the engine
+    /// cannot place whole (QEMU aligns guest RAM, so this is not expected).
+    pub misaligned_bytes: u64,
+}
+
+/// The folios of `memory` as `backing` (read for the same ranges, in the same order) finds them.
+/// Blocks of a hugetlbfs range are all folios; of a THP range, those `PAGEMAP_SCAN` found mapped
+/// huge, or all of them where only smaps could be read and it counts THP bytes there. A block
+/// only partly in a range (the PC's hole below 1 MiB cuts the first one) is listed too: the
+/// engine keeps such a folio where it is.
+pub fn folios(memory: &GuestMemory, backing: &[RangeBacking]) -> Folios {
+    let mut out = Folios::default();
+    let mut assumed = Vec::new();
+    for (r, b) in memory.ranges.iter().zip(backing) {
+        if r.hva != b.hva || r.len_bytes() != b.len {
+            continue;
+        }
+        if (r.hva.0 / FRAME_SIZE).wrapping_sub(r.gfns.start.0) % HUGE_FRAMES != 0 {
+            if b.hugetlb_page_bytes.is_some() || b.thp_bytes > 0 {
+                out.misaligned_bytes += b.hugetlb_page_bytes.map_or(b.thp_bytes, |_| b.len);
+            }
+            continue;
+        }
+        let first = r.gfns.start.0 / HUGE_FRAMES * HUGE_FRAMES;
+        for head in (first..r.gfns.end.0).step_by(HUGE_FRAMES as usize) {
+            // The block's first byte, before the range's start for a block the range cuts.
+            let hva = (r.hva.0 as i128 + (head as i128 - r.gfns.start.0 as i128) * 4096) as u64;
+            match b.is_huge(Hva(hva)) {
+                Some(true) => out.heads.push(Gfn(head)),
+                Some(false) => {}
+                None => assumed.push(Gfn(head)),
+            }
+        }
+    }
+    assumed.sort_unstable();
+    assumed.dedup();
+    out.assumed = assumed.len() as u64;
+    out.heads.extend(assumed);
+    out.heads.sort_unstable();
+    out.heads.dedup();
+    out
 }
 
 /// The backing of the guest RAM ranges `(hva, len)` of process `pid`. With `last`, what an
@@ -385,5 +440,106 @@ mod tests {
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
             .unwrap_or_default();
         eprintln!("THP {}: {r:?}", thp.trim());
+    }
+
+    fn range(name: &str, gfn: u64, frames: u64, hva: u64) -> crate::mtree::MappedRange {
+        crate::mtree::MappedRange {
+            gfns: vtism_proto::GfnRange::new(Gfn(gfn), Gfn(gfn + frames)),
+            hva: Hva(hva),
+            name: name.into(),
+        }
+    }
+
+    fn backing(hva: u64, len: u64, method: Method, thp: u64, blocks: Vec<u64>) -> RangeBacking {
+        RangeBacking {
+            hva: Hva(hva),
+            len,
+            hugetlb_page_bytes: None,
+            thp_bytes: thp,
+            huge_blocks: blocks,
+            method,
+        }
+    }
+
+    #[test]
+    fn folios_are_the_guest_blocks_the_host_maps_huge() {
+        const G: u64 = 1 << 30;
+        let mem = GuestMemory::new(vec![
+            // 3 GiB below the hole at 0x7f00_0000_0000, 1 GiB above 4 GiB right after it.
+            range("pc.ram", 0, 3 * G / 4096, 0x7f00_0000_0000),
+            range(
+                "pc.ram-high",
+                4 * G / 4096,
+                G / 4096,
+                0x7f00_0000_0000 + 3 * G,
+            ),
+        ])
+        .unwrap();
+        let high = 0x7f00_0000_0000 + 3 * G;
+        // Scanned: two blocks of the low range, one of the high one.
+        let scanned = [
+            backing(
+                0x7f00_0000_0000,
+                3 * G,
+                Method::PagemapScan,
+                6 << 20,
+                vec![0x7f00_0000_0000 >> 21, (0x7f00_0000_0000 >> 21) + 5],
+            ),
+            backing(
+                high,
+                G,
+                Method::PagemapScan,
+                2 << 20,
+                vec![(high >> 21) + 1],
+            ),
+        ];
+        let f = folios(&mem, &scanned);
+        assert_eq!(f.heads, vec![Gfn(0), Gfn(5 * 512), Gfn(4 * G / 4096 + 512)]);
+        assert_eq!((f.assumed, f.misaligned_bytes), (0, 0));
+        // smaps only: THPs somewhere in the low range, none in the high one.
+        let smaps_only = [
+            backing(0x7f00_0000_0000, 3 * G, Method::SmapsOnly, 6 << 20, vec![]),
+            backing(high, G, Method::SmapsOnly, 0, vec![]),
+        ];
+        let f = folios(&mem, &smaps_only);
+        assert_eq!(
+            (f.heads.len() as u64, f.assumed),
+            (3 * G >> 21, 3 * G >> 21)
+        );
+        // hugetlbfs: every block.
+        let mut tlb = scanned.clone();
+        tlb[1].hugetlb_page_bytes = Some(2 << 20);
+        assert_eq!(folios(&mem, &tlb).heads.len(), 2 + (G >> 21) as usize);
+        // Host and guest addresses 4 KiB off modulo 2 MiB: no block can be placed whole.
+        let off = GuestMemory::new(vec![range("pc.ram", 0, 1024, 0x7f00_0000_1000)]).unwrap();
+        let b = [backing(
+            0x7f00_0000_1000,
+            4 << 20,
+            Method::PagemapScan,
+            2 << 20,
+            vec![],
+        )];
+        let f = folios(&off, &b);
+        assert_eq!((f.heads.len(), f.misaligned_bytes), (0, 2 << 20));
+        // The PC's hole at 640 KiB - 1 MiB: the THP over the first 2 MiB is listed once, from
+        // either range, for the engine to keep in place.
+        let pc = GuestMemory::new(vec![
+            range("low", 0, 0xa0, 0x7f00_0000_0000),
+            range("high", 0x100, 1024 - 0x100, 0x7f00_0010_0000),
+        ])
+        .unwrap();
+        let b = [
+            backing(0x7f00_0000_0000, 0xa0 << 12, Method::PagemapScan, 0, vec![]),
+            backing(
+                0x7f00_0010_0000,
+                (1024 - 0x100) << 12,
+                Method::PagemapScan,
+                4 << 20,
+                vec![0x7f00_0000_0000 >> 21, (0x7f00_0000_0000 >> 21) + 1],
+            ),
+        ];
+        assert_eq!(folios(&pc, &b).heads, vec![Gfn(0), Gfn(512)]);
+        // A backing read for other ranges (a refresh raced a memory map change) says nothing.
+        assert!(folios(&off, &scanned).heads.is_empty());
     }
 }

@@ -139,6 +139,9 @@ fn backing_line(b: &serde_json::Value, problem: &serde_json::Value) -> Option<St
             ),
         });
     }
+    if n("folio_blocks") > 0 {
+        parts.push(format!("{} blocks placed whole", n("folio_blocks")));
+    }
     (!parts.is_empty()).then(|| format!("  backing: {}\n", parts.join(", ")))
 }
 

@@ -417,6 +417,7 @@ impl Daemon {
         );
         self.registry
             .insert(name, socket, qmp, info, identity, home, settings);
+        self.place_folios(id);
         Ok(Some(id))
     }
 
@@ -475,8 +476,44 @@ impl Daemon {
                     } else if rehomed {
                         self.rehome(id);
                     }
+                    self.place_folios(id);
                 }
             }
+        }
+    }
+
+    /// The engine places the VM's host folios whole (a move of one page of a THP or hugetlbfs
+    /// page moves all of it), as the last read of its backing found them. While the backing
+    /// cannot be read, the engine keeps what it was told last.
+    fn place_folios(&mut self, id: VmId) {
+        let Some(v) = self.registry.get(id) else {
+            return;
+        };
+        let Ok(b) = &v.backing else {
+            return;
+        };
+        let f = backing::folios(&v.memory, b);
+        let name = v.name.clone();
+        let last = v.folios;
+        match self.tiering.set_host_folios(id, f.heads) {
+            Ok(n) if n != last => {
+                info!(
+                    vm = %name, folios = n, from = last, assumed = f.assumed,
+                    "host folios: 2 MiB blocks placed whole"
+                );
+                if f.misaligned_bytes > 0 {
+                    warn!(
+                        vm = %name, mib = f.misaligned_bytes >> 20,
+                        "guest RAM on huge pages at host addresses not aligned with the guest's: \
+                         its moves can take more than the quota counts"
+                    );
+                }
+                if let Some(v) = self.registry.get_mut(id) {
+                    v.folios = n;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(vm = %name, error = %e, "host folios not set"),
         }
     }
 
@@ -868,7 +905,10 @@ impl Daemon {
             host_tracking_mode: v.settings.host_tracking.label(),
             host_tracking: self.host_tracking.vm_status(v.id),
             no_signal: s.last_observed.is_none(),
-            backing: v.backing.as_ref().ok().map(|r| backing::summarize(r)),
+            backing: v.backing.as_ref().ok().map(|r| backing::BackingSummary {
+                folio_blocks: s.host_folios,
+                ..backing::summarize(r)
+            }),
             backing_problem: v.backing.as_ref().err().cloned(),
         })
     }

@@ -692,6 +692,12 @@ impl VmStatus {
                 b.huge_blocks,
             );
             f.gauge(
+                "vtism_vm_folio_blocks",
+                "2 MiB blocks of guest RAM placed whole as host folios (THP or hugetlbfs).",
+                vm(),
+                b.folio_blocks,
+            );
+            f.gauge(
                 "vtism_vm_backing_blocks_known",
                 "1 if every 2 MiB block's backing is known (0: THPs in use, where not known).",
                 vm(),

@@ -38,6 +38,8 @@ pub struct ManagedVm {
     pub memory: Arc<GuestMemory>,
     /// How the host backs the guest RAM, as of the last (re-)read, or why it is not known.
     pub backing: Result<Vec<RangeBacking>, String>,
+    /// Host folios the engine was last told to place whole (`Daemon::place_folios`).
+    pub folios: u64,
     pub home: Option<NodeId>,
     /// A different home seen at the last refresh (moved only when seen twice in a row).
     home_candidate: Option<NodeId>,
@@ -143,6 +145,7 @@ impl Registry {
                 refresh: None,
                 refreshed: None,
                 backing: info.backing,
+                folios: 0,
                 memory: Arc::new(info.memory),
                 home,
                 home_candidate: None,
