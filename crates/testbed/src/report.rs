@@ -291,6 +291,23 @@ fn held_before_move(s: &Settings, tracking: &[&Sample]) -> Option<(f64, f64, f64
     ))
 }
 
+/// MiB vtismd moved (both directions) once placement converged under an unchanging workload:
+/// from the first sample with the hot set on DRAM at the target share (after the warm
+/// background started, when there is one) to the last before the hot set moves; with the time
+/// that covers. `None` with less than 10 s of it.
+pub fn steady_churn(s: &Settings, tracking: &[&Sample]) -> Option<(f64, f64)> {
+    let steady: Vec<&Sample> = tracking
+        .iter()
+        .copied()
+        .filter(|x| x.hot_set_moves == 0 && (s.warm_after_s == 0 || x.warm))
+        .skip_while(|x| x.hot_dram_share() < s.target_share)
+        .collect();
+    let (a, b) = (steady.first()?, steady.last()?);
+    let secs = b.t_s - a.t_s;
+    let moved = |x: &Sample| x.promoted_bytes + x.demoted_bytes;
+    (secs >= 10.0).then(|| (moved(b).saturating_sub(moved(a)) as f64 / MIB, secs))
+}
+
 /// Once the calm case has put the hot set on DRAM, the warm background (every page touched
 /// within seconds) must not trade it for warm pages: at every sample from the background's start
 /// to the move, the hot set is on DRAM at the target share.
@@ -397,6 +414,14 @@ pub fn summary(s: &Settings, samples: &[Sample]) -> String {
             100.0 * f.hot_dram_share(),
             100.0 * l.hot_dram_share(),
             100.0 * l.cold_slow_share()
+        );
+    }
+    if let Some((mib, secs)) = steady_churn(s, &tracking) {
+        let _ = writeln!(
+            o,
+            "churn once converged (hot set on DRAM, before the move): {mib:.1} MiB moved in {secs:.0} s, \
+             {:.1} MiB per minute",
+            mib / secs * 60.0
         );
     }
     if s.move_after_s > 0 && s.warm_after_s == 0 {
@@ -610,6 +635,24 @@ mod tests {
         let s = still();
         let c = checks(&s, &good_run());
         assert_eq!(failed(&c), Vec::<&str>::new(), "{c:#?}");
+    }
+
+    #[test]
+    fn churn_counts_both_directions_from_convergence_on() {
+        let s = still();
+        let mut v = good_run();
+        // At 90% (3900 of 4096 hot frames on DRAM) from t = 44; 196 frames more promoted, then
+        // 2 MiB each way.
+        let tracking: Vec<&Sample> = {
+            let last = v.last_mut().unwrap();
+            last.promoted_bytes += 2 << 20;
+            last.demoted_bytes += 2 << 20;
+            v.iter().filter(|x| x.phase == Phase::Tracking).collect()
+        };
+        let (mib, secs) = steady_churn(&s, &tracking).unwrap();
+        assert_eq!((mib, secs), (4.0 + 196.0 / 256.0, 15.0));
+        // Under 10 s of it: no figure.
+        assert!(steady_churn(&s, &tracking[..20]).is_none());
     }
 
     #[test]
