@@ -104,6 +104,32 @@ impl Layout {
     }
 }
 
+/// Where every guest frame is, read while vtismd moves no page when it can be: its several
+/// move_pages(2) calls are one moment only then. Up to `TRIES` reads, each bracketed by two
+/// answers of vtismd's status (nothing in flight, the same plans done); the last read's status
+/// and whether it was settled. The status is what vtismd published at the end of its last
+/// round, after submitting that round's plan: only a read ending between a submission and its
+/// status being published (well under a millisecond) passes for settled while pages move.
+fn settled_placement(
+    l: &Layout,
+    sock: &Path,
+    vm: &str,
+) -> anyhow::Result<(Vec<i32>, Option<serde_json::Value>, bool)> {
+    const TRIES: u32 = 5;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (_, before) = vtismd::status_and_mover(sock, vm);
+        let nodes = l.ram.nodes()?;
+        let (st, after) = vtismd::status_and_mover(sock, vm);
+        let settled = before.is_some_and(|b| !b.busy && Some(b) == after);
+        if settled || tries == TRIES {
+            return Ok((nodes, st, settled));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
@@ -172,9 +198,8 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             warm_noted = true;
             println!("TB the workload's warm background started at {t:.0} s");
         }
-        let nodes = l.ram.nodes()?;
+        let (nodes, st, settled) = settled_placement(l, &a.control_socket, &a.vm)?;
         let on = |set: &[i32], i: usize| set.contains(&nodes[i]);
-        let st = vtismd::status(&a.control_socket, &a.vm);
         // The guest announces the module before insmod, whose first round vtismd may take
         // while this sample is read: the console is read again after the status, so that a
         // sample holding that round is the tracking phase's, not the control phase's.
@@ -225,10 +250,11 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
                 .channel
                 .as_deref()
                 .and_then(|c| published_levels(c, l, &nodes, &a.dram_nodes)),
+            placement_settled: Some(settled),
         };
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         println!(
-            "TB [{t:5.0}s] {:<8} round {:>4}  hints {:>6}  promoted {:>6.1} MiB  demoted {:>6.1} MiB  hot set in DRAM {:>5.1}%  DRAM {:>5.1}/{:.0} MiB  GUPS {}",
+            "TB [{t:5.0}s] {:<8} round {:>4}  hints {:>6}  promoted {:>6.1} MiB  demoted {:>6.1} MiB  hot set in DRAM {:>5.1}%  DRAM {:>5.1}/{:.0} MiB{}  GUPS {}",
             if s.phase == Phase::Tracking { "tracking" } else { "control" },
             s.last_round,
             s.hint_entries,
@@ -237,6 +263,7 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             100.0 * s.hot_dram_share(),
             mib(s.guest_dram_bytes),
             mib(s.quota_bytes),
+            if settled { "" } else { " (pages moving)" },
             s.updates_per_s.map_or("-".into(), |u| format!("{:.2} M/s", u as f64 / 1e6)),
         );
         if let Some(lt) = loaded_at {
