@@ -22,9 +22,9 @@ done
 # Only vtismd moves pages here: the kernel's NUMA balancing (and tiering mode 2) stays off so the
 # control phase shows what vtism does and does not do.
 echo 0 >/proc/sys/kernel/numa_balancing 2>/dev/null
-# Guest RAM in 4 KiB host pages: move_pages(2) on one 4 KiB frame of a host THP moves the whole
-# 2 MiB folio, which vtismd's per-frame quota accounting does not expect (docs/host.md).
-echo never >/sys/kernel/mm/transparent_hugepage/enabled
+# Host huge pages as Debian's kernel sets them: vtismd places THP-backed guest RAM in whole
+# folios (docs/host.md, "Host huge pages").
+say "  host THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
 
 cat >$W/vtismd.toml <<EOF
 [daemon]
