@@ -317,8 +317,7 @@ mod tests {
         // One frame at 1 Hz in 512: far below level 0, so no entry.
         assert!(fold(&[e4k(3, 96)], &f, CountMeaning::RateLevel).is_empty());
         // A write anywhere makes the folio written; a 2 MiB entry is a floor for all frames.
-        let mut w = e4k(9, hot);
-        w = HintEntry::new(w.gfn(), hot as u32, true, PageType::Anon, false, true);
+        let w = HintEntry::new(Gfn(9), hot, true, PageType::Anon, false, true);
         let whole = HintEntry::new(Gfn(0), 120, false, PageType::Unknown, true, false);
         let out = fold(&[e4k(3, hot), w, whole], &f, CountMeaning::RateLevel);
         assert_eq!(out.len(), 1);

@@ -654,7 +654,7 @@ impl VtismPolicy {
                 let node = s.node_raw();
                 while held.next_if(|h| h.end <= i).is_some() {}
                 let never_promoted = held.peek().is_some_and(|h| h.start <= i);
-                if node != NODE_UNKNOWN && !(never_promoted && !is_fast[node as usize]) {
+                if node != NODE_UNKNOWN && (!never_promoted || is_fast[node as usize]) {
                     let k = tables.key(s, r) as usize;
                     let caps = if is_fast[node as usize] {
                         &mut vict_caps

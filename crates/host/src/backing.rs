@@ -504,7 +504,7 @@ mod tests {
         let f = folios(&mem, &smaps_only);
         assert_eq!(
             (f.heads.len() as u64, f.assumed),
-            (3 * G >> 21, 3 * G >> 21)
+            ((3 * G) >> 21, (3 * G) >> 21)
         );
         // hugetlbfs: every block.
         let mut tlb = scanned.clone();

@@ -278,7 +278,12 @@ fn quota_check(samples: &[Sample]) -> Check {
             && settled.iter().all(|x| x.guest_dram_bytes <= x.quota_bytes),
         format!(
             "max {:.1} MiB on DRAM against a {:.0} MiB quota over {} samples{}",
-            settled.iter().map(|x| x.guest_dram_bytes).max().unwrap_or(0) as f64 / MIB,
+            settled
+                .iter()
+                .map(|x| x.guest_dram_bytes)
+                .max()
+                .unwrap_or(0) as f64
+                / MIB,
             worst.quota_bytes as f64 / MIB,
             settled.len(),
             if torn > 0 {
