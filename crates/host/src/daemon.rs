@@ -788,10 +788,12 @@ impl Daemon {
         if restart {
             self.mover.shutdown();
             self.mover = start_mover(&cfg, &topo);
+            self.topo = topo;
             for id in self.registry.ids() {
                 self.reconcile.restart(id);
+                // The new engine knows no folio yet.
+                self.place_folios(id);
             }
-            self.topo = topo;
         }
         {
             let now = Instant::now();
