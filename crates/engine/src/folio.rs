@@ -29,6 +29,23 @@ struct RangeBlocks {
     bits: Vec<u64>,
 }
 
+impl RangeBlocks {
+    /// Bit index of `block` in this range, if the range holds it whole.
+    fn index(&self, block: u64) -> Option<(usize, u64)> {
+        (block >= self.first && block < self.end).then(|| {
+            (
+                ((block - self.first) / 64) as usize,
+                (block - self.first) % 64,
+            )
+        })
+    }
+
+    fn has(&self, block: u64) -> bool {
+        self.index(block)
+            .is_some_and(|(w, b)| self.bits[w] >> b & 1 != 0)
+    }
+}
+
 /// Which 2 MiB blocks of a VM's RAM are host folios.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostFolios {
@@ -66,11 +83,10 @@ impl HostFolios {
                 continue;
             }
             let block = head.0 >> BLOCK_SHIFT;
-            if let Some(r) = ranges
+            if let Some((r, (w, b))) = ranges
                 .iter_mut()
-                .find(|r| block >= r.first && block < r.end)
+                .find_map(|r| r.index(block).map(|i| (r, i)))
             {
-                let (w, b) = (((block - r.first) / 64) as usize, (block - r.first) % 64);
                 if r.bits[w] >> b & 1 == 0 {
                     r.bits[w] |= 1 << b;
                     count += 1;
@@ -112,22 +128,14 @@ impl HostFolios {
     #[inline]
     pub fn holds(&self, gfn: Gfn) -> bool {
         let block = gfn.0 >> BLOCK_SHIFT;
-        self.ranges.iter().any(|r| {
-            block >= r.first && block < r.end && {
-                let i = block - r.first;
-                r.bits[(i / 64) as usize] >> (i % 64) & 1 != 0
-            }
-        })
+        self.ranges.iter().any(|r| r.has(block))
     }
 
     /// The folios' heads, in order.
     pub fn heads(&self) -> impl Iterator<Item = Gfn> + '_ {
         self.ranges.iter().flat_map(|r| {
             (r.first..r.end)
-                .filter(|b| {
-                    let i = b - r.first;
-                    r.bits[(i / 64) as usize] >> (i % 64) & 1 != 0
-                })
+                .filter(|&b| r.has(b))
                 .map(|b| Gfn(b << BLOCK_SHIFT))
         })
     }
@@ -176,15 +184,17 @@ pub fn fold_into_folios(
     while i < inside.len() {
         let block = (inside[i] & GFN_MASK) >> BLOCK_SHIFT;
         let mut fold = FolioFold::default();
-        let mut last_gfn = None;
+        let mut last_small = None;
         while i < inside.len() && (inside[i] & GFN_MASK) >> BLOCK_SHIFT == block {
             let e = HintEntry(inside[i]);
-            if last_gfn != Some(e.gfn()) || e.huge() {
+            if e.huge() {
                 fold.add(e, counts);
+            } else if last_small != Some(e.gfn()) {
+                fold.add(e, counts);
+                last_small = Some(e.gfn());
             } else {
                 fold.merge_flags(e);
             }
-            last_gfn = Some(e.gfn());
             i += 1;
         }
         if let Some(e) = fold.entry(Gfn(block << BLOCK_SHIFT), counts) {
@@ -323,6 +333,18 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert!(out[0].write());
         assert_eq!(out[0].count(), 120);
+    }
+
+    #[test]
+    fn a_2mib_entry_does_not_hide_its_head_frames_4kib_rate() {
+        let f = HostFolios::new(&ram(), [Gfn(0)]);
+        // The head frame at 512 Hz (1 Hz over the folio) beside a 2 MiB entry at 0.5 Hz, in
+        // either order: the folio is at 1 Hz (level 96).
+        let whole = HintEntry::new(Gfn(0), 80, false, PageType::Anon, true, true);
+        let head = e4k(0, 96 + 16 * 9);
+        for entries in [[whole, head], [head, whole]] {
+            assert_eq!(fold(&entries, &f, CountMeaning::RateLevel)[0].count(), 96);
+        }
     }
 
     #[test]

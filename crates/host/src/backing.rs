@@ -175,7 +175,8 @@ pub fn summarize(ranges: &[RangeBacking]) -> BackingSummary {
 pub struct Folios {
     pub heads: Vec<Gfn>,
     /// Blocks taken as folios because THPs are somewhere in their range and the kernel cannot
-    /// say where (smaps only): placing them whole can only move too little, never break a quota.
+    /// say where (smaps only): placing one that is base pages whole moves its pages together,
+    /// never more onto DRAM than the quota counts.
     pub assumed: u64,
     /// Bytes of THP or hugetlbfs backing in ranges whose host and guest addresses are not
     /// congruent modulo 2 MiB: a host folio there straddles two guest blocks, which the engine
@@ -204,7 +205,8 @@ pub fn folios(memory: &GuestMemory, backing: &[RangeBacking]) -> Folios {
         let first = r.gfns.start.0 / HUGE_FRAMES * HUGE_FRAMES;
         for head in (first..r.gfns.end.0).step_by(HUGE_FRAMES as usize) {
             // The block's first byte, before the range's start for a block the range cuts.
-            let hva = (r.hva.0 as i128 + (head as i128 - r.gfns.start.0 as i128) * 4096) as u64;
+            let off = (head as i128 - r.gfns.start.0 as i128) * FRAME_SIZE as i128;
+            let hva = (r.hva.0 as i128 + off) as u64;
             match b.is_huge(Hva(hva)) {
                 Some(true) => out.heads.push(Gfn(head)),
                 Some(false) => {}
