@@ -23,10 +23,16 @@ pub struct Cut {
     pub deferred: Vec<Move>,
 }
 
+/// The end of the unit of placement holding a VM's frame: past the frame itself, or past its
+/// host folio, which moves only whole.
+pub type UnitEnd<'a> = &'a dyn Fn(VmId, Gfn) -> Gfn;
+
 /// Cuts `moves` (in phase order) to the allowances. Demotions that are cut make the VM's
 /// `PromoteAfterDemote` moves shrink by as many frames (dropped from the end), because those
-/// promotions needed the room the demotions would have freed.
-pub fn cut_to_allowances(moves: Vec<Move>, allowances: &Allowances) -> Cut {
+/// promotions needed the room the demotions would have freed. A cut never falls inside a host
+/// folio (`unit_end`): the part kept runs to the folio's end, over the allowance by less than a
+/// folio, since a folio's part moves all of it (THP) or none (hugetlbfs by a tail address).
+pub fn cut_to_allowances(moves: Vec<Move>, allowances: &Allowances, unit_end: UnitEnd<'_>) -> Cut {
     if allowances.is_empty() {
         return Cut {
             kept: moves,
@@ -49,7 +55,7 @@ pub fn cut_to_allowances(moves: Vec<Move>, allowances: &Allowances) -> Cut {
             continue;
         }
         let key = (m.vm, m.kind.direction());
-        let (k, d) = split_to(m, left.get_mut(&key));
+        let (k, d) = split_to(m, left.get_mut(&key), unit_end);
         if let Some(d) = d {
             if d.phase == Phase::Demote {
                 *shortfall.entry(d.vm).or_default() += d.frames;
@@ -61,7 +67,7 @@ pub fn cut_to_allowances(moves: Vec<Move>, allowances: &Allowances) -> Cut {
     let (after, trimmed) = trim_after_demote(after, &shortfall);
     cut.deferred.extend(trimmed);
     for m in after {
-        let (k, d) = split_to(m, left.get_mut(&(m.vm, Direction::Promote)));
+        let (k, d) = split_to(m, left.get_mut(&(m.vm, Direction::Promote)), unit_end);
         cut.kept.extend(k);
         cut.deferred.extend(d);
     }
@@ -92,12 +98,20 @@ pub fn trim_after_demote(
 }
 
 /// Splits a move (a run of frames) into the part `left` frames allow and the rest.
-fn split_to(m: Move, left: Option<&mut u64>) -> (Option<Move>, Option<Move>) {
+fn split_to(
+    m: Move,
+    left: Option<&mut u64>,
+    unit_end: UnitEnd<'_>,
+) -> (Option<Move>, Option<Move>) {
     let Some(l) = left else {
         return (Some(m), None);
     };
-    let take = m.frames.min(*l);
-    *l -= take;
+    let mut take = m.frames.min(*l);
+    if take > 0 && take < m.frames {
+        let end = unit_end(m.vm, Gfn(m.gfn.0 + take - 1));
+        take = end.0.saturating_sub(m.gfn.0).clamp(take, m.frames);
+    }
+    *l = l.saturating_sub(take);
     let kept = (take > 0).then_some(Move { frames: take, ..m });
     let rest = (take < m.frames).then_some(Move {
         gfn: Gfn(m.gfn.0 + take),
@@ -112,6 +126,46 @@ mod tests {
     use super::*;
     use crate::plan::MoveKind;
     use crate::types::NodeId;
+
+    fn frame_end(_: VmId, g: Gfn) -> Gfn {
+        Gfn(g.0 + 1)
+    }
+
+    /// A cut inside a host folio moves to the folio's end: a hugetlbfs page cut in two would
+    /// never move, and half a THP moves all of it anyway.
+    #[test]
+    fn cuts_never_split_a_host_folio() {
+        let folio_end = |_: VmId, g: Gfn| {
+            if g.0 >= 512 {
+                Gfn((g.0 / 512 + 1) * 512)
+            } else {
+                Gfn(g.0 + 1)
+            }
+        };
+        let moves = vec![
+            mv(1, 500, 12 + 1024, 0, MoveKind::Promote, Phase::Promote),
+            mv(2, 0, 100, 0, MoveKind::Promote, Phase::Promote),
+        ];
+        let allow: Allowances = [
+            ((VmId(1), Direction::Promote), 100 * FRAME_SIZE),
+            ((VmId(2), Direction::Promote), 10 * FRAME_SIZE),
+        ]
+        .into();
+        let Cut { kept, deferred } = cut_to_allowances(moves, &allow, &folio_end);
+        assert_eq!(
+            kept.iter()
+                .map(|m| (m.vm.0, m.gfn.0, m.frames))
+                .collect::<Vec<_>>(),
+            vec![(1, 500, 12 + 512), (2, 0, 10)]
+        );
+        assert_eq!(
+            deferred
+                .iter()
+                .map(|m| (m.vm.0, m.gfn.0, m.frames))
+                .collect::<Vec<_>>(),
+            vec![(1, 1024, 512), (2, 10, 90)]
+        );
+    }
 
     fn mv(vm: u32, gfn: u64, frames: u64, to: u8, kind: MoveKind, phase: Phase) -> Move {
         Move {
@@ -141,7 +195,7 @@ mod tests {
             ((VmId(1), Direction::Demote), 6 * FRAME_SIZE),
         ]
         .into();
-        let Cut { kept, deferred } = cut_to_allowances(moves, &allow);
+        let Cut { kept, deferred } = cut_to_allowances(moves, &allow, &frame_end);
         let k: Vec<(u32, u64, u64)> = kept.iter().map(|m| (m.vm.0, m.gfn.0, m.frames)).collect();
         // The second demotion is split (2 of 4 frames), so PromoteAfterDemote shrinks by at least
         // 2 frames (the whole last move) although the promote allowance would have covered it:
@@ -158,12 +212,12 @@ mod tests {
         );
         let d: Vec<(u64, u64)> = deferred.iter().map(|m| (m.gfn.0, m.frames)).collect();
         assert_eq!(d, vec![(202, 2), (400, 4)]);
-        let again = cut_to_allowances(kept, &Allowances::new());
+        let again = cut_to_allowances(kept, &Allowances::new(), &frame_end);
         assert_eq!((again.kept.len(), again.deferred.len()), (5, 0));
         // A long run is split to the allowance, not starved.
         let long = vec![mv(3, 0, 5000, 0, MoveKind::Promote, Phase::Promote)];
         let allow: Allowances = [((VmId(3), Direction::Promote), 600 * FRAME_SIZE)].into();
-        let Cut { kept, deferred } = cut_to_allowances(long, &allow);
+        let Cut { kept, deferred } = cut_to_allowances(long, &allow, &frame_end);
         assert_eq!((kept[0].gfn.0, kept[0].frames), (0, 600));
         assert_eq!((deferred[0].gfn.0, deferred[0].frames), (600, 4400));
     }

@@ -222,6 +222,16 @@ impl Tiering {
         self.engine.set_host_folios(vm, heads)
     }
 
+    /// Frames of a VM the host cannot move in the planner's units: never planned
+    /// (`VtismPolicy::set_pinned`). Returns the frames pinned.
+    pub fn set_pinned(
+        &mut self,
+        vm: VmId,
+        ranges: impl IntoIterator<Item = vtism_proto::GfnRange>,
+    ) -> Result<u64, EngineError> {
+        self.engine.set_pinned(vm, ranges)
+    }
+
     /// One observation of a VM (a validated hint round, or host-side access counts).
     pub fn observe(
         &mut self,
@@ -304,7 +314,9 @@ impl Tiering {
         let quota_changes = self.pool.rebalance(&demand, now);
         self.apply(&quota_changes);
         let plan = self.engine.plan(ctx, now);
-        let Cut { kept, deferred } = cut_to_allowances(plan.moves, allowances);
+        let engine = &self.engine;
+        let unit_end = |vm, gfn| engine.unit_end(vm, gfn);
+        let Cut { kept, deferred } = cut_to_allowances(plan.moves, allowances, &unit_end);
         self.learn(deferred.iter().map(|m| PlacementRun {
             vm: m.vm,
             gfn: m.gfn,

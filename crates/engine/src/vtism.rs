@@ -48,6 +48,9 @@ struct VmState {
     /// Dense frames of partial host folios (`HostFolios::partial_heads`), in order: never
     /// promoted.
     held: Vec<std::ops::Range<usize>>,
+    /// Dense frames the host cannot move as the planner would (`VtismPolicy::set_pinned`), in
+    /// order: never planned.
+    pinned: Vec<std::ops::Range<usize>>,
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
@@ -429,7 +432,7 @@ impl VtismPolicy {
                     + v.hist.capacity() * 32
                     + v.bucket_room.capacity() * 4
                     + v.host_folios.memory_bytes()
-                    + v.held.capacity() * 16
+                    + (v.held.capacity() + v.pinned.capacity()) * 16
                     + std::mem::size_of::<VmState>()
             })
             .sum();
@@ -480,6 +483,46 @@ impl VtismPolicy {
         v.host_folios = new;
         v.dirty = true;
         Ok(v.host_folios.len())
+    }
+
+    /// The end of the unit of placement holding `gfn`: its host folio's, or the frame's own.
+    pub fn unit_end(&self, vm: VmId, gfn: Gfn) -> Gfn {
+        match self.vm_pos(vm) {
+            Ok(p) if self.vms[p].host_folios.holds(gfn) => {
+                Gfn((gfn.0 / HUGE_FRAMES + 1) * HUGE_FRAMES)
+            }
+            _ => Gfn(gfn.0 + 1),
+        }
+    }
+
+    /// Frames of a VM the host cannot move in the planner's units (guest RAM on hugetlbfs pages
+    /// larger than 2 MiB, which move_pages moves only whole): never planned in either direction,
+    /// so nothing is tried again every round. They count against the quota where they are.
+    /// Replaces what was set before; returns the frames pinned.
+    pub fn set_pinned(
+        &mut self,
+        vm: VmId,
+        ranges: impl IntoIterator<Item = GfnRange>,
+    ) -> Result<u64, EngineError> {
+        let p = self.vm_pos(vm)?;
+        let v = &mut self.vms[p];
+        let mut pinned: Vec<std::ops::Range<usize>> = ranges
+            .into_iter()
+            .flat_map(|g| {
+                v.spec.ram.index_spans().filter_map(move |(r, first)| {
+                    let (a, b) = (r.start.0.max(g.start.0), r.end.0.min(g.end.0));
+                    (a < b).then(|| {
+                        let at = (first + (a - r.start.0)) as usize;
+                        at..at + (b - a) as usize
+                    })
+                })
+            })
+            .collect();
+        pinned.sort_by_key(|r| r.start);
+        let frames = pinned.iter().map(|r| r.len() as u64).sum();
+        v.pinned = pinned;
+        v.dirty = true;
+        Ok(frames)
     }
 
     /// Free frames per node for this plan: observed, or capacity minus what our VMs hold.
@@ -558,6 +601,7 @@ impl VtismPolicy {
             }
         }
         stats.unknown_frames = n as u64 - stats.fast_frames - stats.slow_frames;
+        let pinned_fast = take_out_pinned(v, |s| tables.key(s, r), is_fast, hf, hs);
 
         let q = v.spec.fast_quota_bytes / FRAME_SIZE;
         let reserve = ((q as f64 * self.params.reserve_fraction) as u64)
@@ -576,6 +620,8 @@ impl VtismPolicy {
             .sum();
         let hot_cap = (q - reserve).min(stats.fast_frames + fast_room);
         stats.capped_by_nodes = (q - reserve).saturating_sub(hot_cap);
+        // Pinned frames on DRAM hold their share of it whatever their rank.
+        let movable_cap = hot_cap.saturating_sub(pinned_fast);
 
         // Hot threshold: the lowest key whose frames (with all hotter ones) still fit the quota
         // less the reserve. `t_room` is how much of bucket T belongs to the hot set; fast frames in
@@ -585,10 +631,10 @@ impl VtismPolicy {
         let mut t_room = u64::MAX;
         for k in (min_hot_key as usize..KEY_BUCKETS).rev() {
             let b = hf[k] + hs[k];
-            if cum + b > hot_cap {
+            if cum + b > movable_cap {
                 t = k;
-                t_room = hot_cap - cum;
-                cum = hot_cap;
+                t_room = movable_cap - cum;
+                cum = movable_cap;
                 break;
             }
             cum += b;
@@ -644,6 +690,7 @@ impl VtismPolicy {
         if prom_caps.iter().any(|&c| c > 0) || vict_caps.iter().any(|&c| c > 0) {
             let mut i = 0;
             let mut held = v.held.iter().peekable();
+            let mut pinned = v.pinned.iter().peekable();
             while i < n {
                 let s = v.frames[i];
                 let w = if s.huge_head() {
@@ -653,8 +700,13 @@ impl VtismPolicy {
                 };
                 let node = s.node_raw();
                 while held.next_if(|h| h.end <= i).is_some() {}
+                while pinned.next_if(|h| h.end <= i).is_some() {}
                 let never_promoted = held.peek().is_some_and(|h| h.start <= i);
-                if node != NODE_UNKNOWN && (!never_promoted || is_fast[node as usize]) {
+                let never_moved = pinned.peek().is_some_and(|h| h.start < i + w);
+                if node != NODE_UNKNOWN
+                    && !never_moved
+                    && (!never_promoted || is_fast[node as usize])
+                {
                     let k = tables.key(s, r) as usize;
                     let caps = if is_fast[node as usize] {
                         &mut vict_caps
@@ -907,6 +959,35 @@ impl NodeFree {
     }
 }
 
+/// Takes the VM's pinned frames out of the key histograms (`hf` fast, `hs` slow): the planner
+/// never moves them, so they are neither candidates nor victims. Returns those on fast nodes,
+/// which hold quota all the same.
+fn take_out_pinned(
+    v: &VmState,
+    key: impl Fn(FrameState) -> Key,
+    is_fast: &[bool],
+    hf: &mut [u64],
+    hs: &mut [u64],
+) -> u64 {
+    let mut fast = 0;
+    for range in &v.pinned {
+        for &s in &v.frames[range.clone()] {
+            let node = s.node_raw();
+            if node == NODE_UNKNOWN {
+                continue;
+            }
+            let k = key(s) as usize;
+            if is_fast[node as usize] {
+                hf[k] = hf[k].saturating_sub(1);
+                fast += 1;
+            } else {
+                hs[k] = hs[k].saturating_sub(1);
+            }
+        }
+    }
+    fast
+}
+
 fn counting_sort(units: &mut Vec<Unit>, descending: bool) {
     if units.len() < 2 {
         return;
@@ -981,6 +1062,7 @@ impl Policy for VtismPolicy {
             huge_marks: 0,
             host_folios: HostFolios::default(),
             held: Vec::new(),
+            pinned: Vec::new(),
             spans,
             frames: vec![FrameState::NEW; frames as usize],
             spec,

@@ -265,3 +265,48 @@ fn a_folio_cut_by_a_hole_in_guest_ram_is_never_promoted() {
     assert_eq!(e.frame_node(vm, Gfn(0x150)).unwrap(), Some(SLOW));
     assert_eq!(e.frame_node(vm, Gfn(H)).unwrap(), Some(FAST));
 }
+
+/// Guest RAM on 1 GiB hugetlbfs pages (here: the first half of the VM) is never planned, in
+/// either direction: hot there, it is not promoted; on DRAM there, it is not demoted, counts
+/// against the quota, and the other frames make room.
+#[test]
+fn pinned_frames_are_never_planned() {
+    use vtism_proto::GfnRange;
+    let mut h = Host::new(8, 4 * H, |_| true);
+    h.tell_folios();
+    let pinned = GfnRange::new(Gfn(0), Gfn(4 * H));
+    assert_eq!(h.engine.set_pinned(h.vm, [pinned]).unwrap(), 4 * H);
+    // Two pinned blocks already on DRAM, the hottest frames everywhere.
+    for f in 0..2 * H {
+        h.truth[f as usize] = FAST;
+    }
+    h.engine
+        .set_placement(h.vm, Gfn(0), 2 * H, Some(FAST))
+        .unwrap();
+    let hints: Vec<HintEntry> = (0..8 * H)
+        .map(|g| hint(g, if g < 4 * H { 250 } else { 200 }))
+        .collect();
+    for _ in 0..6 {
+        let plan_before = h.truth.clone();
+        h.round(&hints);
+        for g in 0..4 * H {
+            assert_eq!(
+                h.truth[g as usize], plan_before[g as usize],
+                "pinned frame {g} moved"
+            );
+        }
+    }
+    // The movable half got the quota's room the pinned blocks leave: two blocks, less the reserve.
+    let fast_movable = (4 * H..8 * H)
+        .filter(|&g| h.truth[g as usize] == FAST)
+        .count() as u64;
+    assert!(
+        (H..=2 * H).contains(&fast_movable),
+        "{fast_movable} movable frames on DRAM"
+    );
+    assert!(
+        h.peak_fast <= 4 * H,
+        "quota overshot: {} frames on DRAM",
+        h.peak_fast
+    );
+}
