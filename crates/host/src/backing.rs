@@ -10,11 +10,12 @@
 //! mapped by a PMD; a THP mapped by 4 KiB entries (after a partial munmap or mprotect of it) is
 //! not seen.
 
+use crate::batch::HugetlbSpan;
 use crate::mtree::GuestMemory;
 use crate::sys::{self, PageRegion, PAGE_IS_HUGE};
 use serde::Serialize;
 use std::io;
-use vtism_proto::{Gfn, Hva, FRAME_SIZE, HUGE_FRAMES};
+use vtism_proto::{Gfn, GfnRange, Hva, FRAME_SIZE, HUGE_FRAMES};
 
 /// Bytes of a PMD-mapped THP, and of a block.
 pub const BLOCK_BYTES: u64 = 2 << 20;
@@ -149,6 +150,8 @@ pub struct BackingSummary {
     pub blocks_known: bool,
     /// 2 MiB blocks the engine places whole as host folios (`folios`).
     pub folio_blocks: u64,
+    /// Guest RAM vtismd does not move: on hugetlbfs pages larger than 2 MiB (`unmovable`).
+    pub unmovable_bytes: u64,
 }
 
 pub fn summarize(ranges: &[RangeBacking]) -> BackingSummary {
@@ -161,6 +164,9 @@ pub fn summarize(ranges: &[RangeBacking]) -> BackingSummary {
         if let Some(p) = r.hugetlb_page_bytes {
             s.hugetlb_bytes += r.len;
             s.hugetlb_page_bytes = s.hugetlb_page_bytes.max(p);
+        }
+        if r.hugetlb_page_bytes.is_some_and(|p| p > BLOCK_BYTES) {
+            s.unmovable_bytes += r.len;
         }
         s.thp_bytes += r.thp_bytes;
         s.huge_blocks += r.huge_blocks.len() as u64;
@@ -221,6 +227,36 @@ pub fn folios(memory: &GuestMemory, backing: &[RangeBacking]) -> Folios {
     out.heads.sort_unstable();
     out.heads.dedup();
     out
+}
+
+/// Guest RAM on hugetlbfs pages larger than the planner's 2 MiB unit (1 GiB pages): the kernel
+/// moves such a page only whole, by its head, and only into a free page of the target node's
+/// pool (mm/hugetlb.c never allocates a gigantic page for migration), so vtismd leaves it where
+/// it is and the engine never plans it (`Tiering::set_pinned`).
+pub fn unmovable(memory: &GuestMemory, backing: &[RangeBacking]) -> Vec<GfnRange> {
+    memory
+        .ranges
+        .iter()
+        .zip(backing)
+        .filter(|(_, b)| b.hugetlb_page_bytes.is_some_and(|p| p > BLOCK_BYTES))
+        .map(|(r, _)| r.gfns)
+        .collect()
+}
+
+/// The guest RAM ranges on hugetlbfs, with their page size, for the mover (`HugetlbSpan`).
+pub fn hugetlb_spans(memory: &GuestMemory, backing: &[RangeBacking]) -> Vec<HugetlbSpan> {
+    memory
+        .ranges
+        .iter()
+        .zip(backing)
+        .filter(|(r, b)| r.hva == b.hva && r.len_bytes() == b.len)
+        .filter_map(|(r, b)| {
+            Some(HugetlbSpan {
+                gfns: r.gfns,
+                page_frames: b.hugetlb_page_bytes? / FRAME_SIZE,
+            })
+        })
+        .collect()
 }
 
 /// The backing of the guest RAM ranges `(hva, len)` of process `pid`. With `last`, what an

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vtism_engine::{Direction, Move, NodeId, PlacementRun, VmId};
-use vtism_proto::{Gfn, Hva, FRAME_SIZE};
+use vtism_proto::{Gfn, GfnRange, Hva, FRAME_SIZE};
 
 /// What move_pages said about one page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -29,6 +29,8 @@ pub enum PageOutcome {
     Shared,
     /// Anything else.
     Failed,
+    /// Part of a hugetlbfs page the move did not cover whole: not handed to move_pages.
+    Unmovable,
 }
 
 impl PageOutcome {
@@ -41,6 +43,7 @@ impl PageOutcome {
             PageOutcome::NoMemory => "no_memory",
             PageOutcome::Shared => "shared",
             PageOutcome::Failed => "failed",
+            PageOutcome::Unmovable => "unmovable",
         }
     }
 }
@@ -67,6 +70,47 @@ pub fn classify(status: i32, target: i32) -> PageOutcome {
 pub struct VmTarget {
     pub pid: i32,
     pub memory: Arc<GuestMemory>,
+    /// Guest RAM on hugetlbfs pages (`backing::hugetlb_spans`).
+    pub hugetlb: Vec<HugetlbSpan>,
+}
+
+/// Guest frames on hugetlbfs pages of `page_frames` frames each. move_pages moves such a page
+/// only whole and, on 6.1, only by its head address: any other answers -EACCES and moves nothing
+/// (mm/migrate.c, add_page_for_migration); 6.12 answers -EBUSY for a second address of a page it
+/// already took. So a page is handed over once, by its head, and stands for all its frames.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HugetlbSpan {
+    pub gfns: GfnRange,
+    pub page_frames: u64,
+}
+
+impl VmTarget {
+    fn hugetlb_at(&self, gfn: Gfn) -> Option<&HugetlbSpan> {
+        self.hugetlb.iter().find(|s| s.gfns.contains(gfn))
+    }
+}
+
+/// One address given to move_pages and the guest frames it moves: a 4 KiB page, or a hugetlbfs
+/// page by its head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPage {
+    pub gfn: Gfn,
+    pub hva: Hva,
+    /// Where the plan found it.
+    pub from: NodeId,
+    pub frames: u64,
+}
+
+impl BatchPage {
+    /// The page did not move: it is on `node`.
+    fn stayed(&self, vm: VmId, node: Option<NodeId>) -> PlacementRun {
+        PlacementRun {
+            vm,
+            gfn: self.gfn,
+            frames: self.frames,
+            node,
+        }
+    }
 }
 
 /// Pages of one VM going to one node, one move_pages call.
@@ -76,31 +120,41 @@ pub struct Batch {
     pub pid: i32,
     pub to: NodeId,
     pub dir: Direction,
-    /// `(gfn, hva, from)` per page.
-    pub pages: Vec<(Gfn, Hva, NodeId)>,
+    pub pages: Vec<BatchPage>,
 }
 
 impl Batch {
+    pub fn frames(&self) -> u64 {
+        self.pages.iter().map(|p| p.frames).sum()
+    }
+
     pub fn bytes(&self) -> u64 {
-        self.pages.len() as u64 * FRAME_SIZE
+        self.frames() * FRAME_SIZE
     }
 }
 
-/// Splits moves into batches of at most `batch_pages`, grouped by (vm, destination, direction),
-/// keeping the plan's order inside a group. Frames of unknown VMs or without an HVA are dropped
-/// (counted).
-pub fn make_batches(
-    moves: &[Move],
-    batch_pages: usize,
-    vms: &HashMap<VmId, VmTarget>,
-) -> (Vec<Batch>, u64) {
+/// A plan's moves as move_pages calls.
+#[derive(Debug, Default)]
+pub struct Batches {
+    pub batches: Vec<Batch>,
+    /// Frames of unknown VMs or without an HVA.
+    pub dropped: u64,
+    /// Frames of hugetlbfs pages a move covers only in part (a 1 GiB page under a 2 MiB unit):
+    /// they stay where they are, and the engine is told so.
+    pub unmovable: Vec<PlacementRun>,
+}
+
+/// Splits moves into batches of at most `batch_pages` frames (a hugetlbfs page bigger than that
+/// makes a batch of its own), grouped by (vm, destination, direction), keeping the plan's order
+/// inside a group.
+pub fn make_batches(moves: &[Move], batch_pages: usize, vms: &HashMap<VmId, VmTarget>) -> Batches {
     type Key = (VmId, NodeId, Direction);
-    let mut groups: BTreeMap<Key, Vec<(Gfn, Hva, NodeId)>> = BTreeMap::new();
+    let mut groups: BTreeMap<Key, Vec<BatchPage>> = BTreeMap::new();
     let mut order: Vec<Key> = Vec::new();
-    let mut dropped = 0u64;
+    let mut out = Batches::default();
     for m in moves {
         let Some(vm) = vms.get(&m.vm) else {
-            dropped += m.frames;
+            out.dropped += m.frames;
             continue;
         };
         let key = (m.vm, m.to, m.kind.direction());
@@ -108,29 +162,70 @@ pub fn make_batches(
             order.push(key);
             Vec::new()
         });
-        for i in 0..m.frames {
-            let gfn = Gfn(m.gfn.0 + i);
-            match vm.memory.hva(gfn) {
-                Some(a) => g.push((gfn, a, m.from)),
-                None => dropped += 1,
+        let end = m.gfn.0 + m.frames;
+        let mut gfn = m.gfn.0;
+        while gfn < end {
+            let Some(hva) = vm.memory.hva(Gfn(gfn)) else {
+                out.dropped += 1;
+                gfn += 1;
+                continue;
+            };
+            let page = BatchPage {
+                gfn: Gfn(gfn),
+                hva,
+                from: m.from,
+                frames: 1,
+            };
+            let Some(span) = vm.hugetlb_at(Gfn(gfn)) else {
+                g.push(page);
+                gfn += 1;
+                continue;
+            };
+            let into = (hva.0 / FRAME_SIZE) % span.page_frames.max(1);
+            let page_end = (gfn - into.min(gfn)).saturating_add(span.page_frames);
+            if into == 0 && page_end <= end.min(span.gfns.end.0) {
+                g.push(BatchPage {
+                    frames: span.page_frames,
+                    ..page
+                });
+                gfn = page_end;
+            } else {
+                let frames = page_end.min(end).max(gfn + 1) - gfn;
+                out.unmovable.push(PlacementRun {
+                    vm: m.vm,
+                    gfn: Gfn(gfn),
+                    frames,
+                    node: Some(m.from),
+                });
+                gfn += frames;
             }
         }
     }
-    let mut out = Vec::new();
+    let limit = batch_pages.max(1) as u64;
     for key in order {
         let pages = groups.remove(&key).unwrap_or_default();
         let pid = vms.get(&key.0).map_or(0, |v| v.pid);
-        for chunk in pages.chunks(batch_pages.max(1)) {
-            out.push(Batch {
-                vm: key.0,
-                pid,
-                to: key.1,
-                dir: key.2,
-                pages: chunk.to_vec(),
-            });
+        let batch = |pages: Vec<BatchPage>| Batch {
+            vm: key.0,
+            pid,
+            to: key.1,
+            dir: key.2,
+            pages,
+        };
+        let (mut chunk, mut frames) = (Vec::new(), 0);
+        for p in pages {
+            if frames > 0 && frames + p.frames > limit {
+                out.batches.push(batch(std::mem::take(&mut chunk)));
+                frames = 0;
+            }
+            frames += p.frames;
+            chunk.push(p);
+        }
+        if !chunk.is_empty() {
+            out.batches.push(batch(chunk));
         }
     }
-    (out, dropped)
+    out
 }
 
 /// How a batch's move_pages calls are made.
@@ -172,14 +267,14 @@ impl BatchResult {
             dir: b.dir,
             moved: 0,
             outcomes: if failed {
-                [(PageOutcome::Failed, b.pages.len() as u64)].into()
+                [(PageOutcome::Failed, b.frames())].into()
             } else {
                 BTreeMap::new()
             },
             facts: if failed {
                 b.pages
                     .iter()
-                    .map(|&(gfn, _, from)| PlacementRun::frame(b.vm, gfn, Some(from)))
+                    .map(|p| p.stayed(b.vm, Some(p.from)))
                     .collect()
             } else {
                 Vec::new()
@@ -187,7 +282,7 @@ impl BatchResult {
             latency: 0.0,
             gone: false,
             not_demoted: if b.dir == Direction::Demote {
-                b.pages.len() as u64
+                b.frames()
             } else {
                 0
             },
@@ -211,7 +306,7 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
         if attempt > 0 {
             std::thread::sleep(s.busy_retry_delay);
         }
-        let addrs: Vec<Hva> = pending.iter().map(|&i| b.pages[i].1).collect();
+        let addrs: Vec<Hva> = pending.iter().map(|&i| b.pages[i].hva).collect();
         let nodes = vec![target; addrs.len()];
         let mut status = vec![0i32; addrs.len()];
         if let Err(e) = sys::move_pages(b.pid, &addrs, Some(&nodes), &mut status, flags) {
@@ -247,21 +342,22 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
         not_demoted: 0,
     };
     let mut cold_ranges: Vec<(Hva, u64)> = Vec::new();
-    for (i, &(gfn, hva, from)) in b.pages.iter().enumerate() {
+    for (i, p) in b.pages.iter().enumerate() {
         let st = final_status[i];
         let o = if gone {
             PageOutcome::Failed
         } else {
             classify(st, target)
         };
-        *r.outcomes.entry(o).or_default() += 1;
+        *r.outcomes.entry(o).or_default() += p.frames;
         let node = match o {
             PageOutcome::Moved => {
-                r.moved += 1;
-                if b.dir == Direction::Demote && s.madvise_cold {
+                r.moved += p.frames;
+                // MADV_COLD refuses hugetlbfs (EINVAL), and would fail the call's other ranges.
+                if b.dir == Direction::Demote && s.madvise_cold && p.frames == 1 {
                     match cold_ranges.last_mut() {
-                        Some((a, l)) if a.offset(*l) == hva => *l += FRAME_SIZE,
-                        _ => cold_ranges.push((hva, FRAME_SIZE)),
+                        Some((a, l)) if a.offset(*l) == p.hva => *l += FRAME_SIZE,
+                        _ => cold_ranges.push((p.hva, FRAME_SIZE)),
                     }
                 }
                 continue;
@@ -270,12 +366,12 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
             // the node its low byte would alias.
             PageOutcome::OnOtherNode => u8::try_from(st).ok().map(NodeId),
             PageOutcome::NotPresent => None,
-            _ => Some(from),
+            _ => Some(p.from),
         };
-        r.facts.push(PlacementRun::frame(b.vm, gfn, node));
+        r.facts.push(p.stayed(b.vm, node));
         // Conservatively: a page not on the demotion target may still be fast.
         if b.dir == Direction::Demote && o != PageOutcome::NotPresent {
-            r.not_demoted += 1;
+            r.not_demoted += p.frames;
         }
     }
     if !cold_ranges.is_empty() && !gone {
@@ -345,21 +441,117 @@ mod tests {
             VmTarget {
                 pid: 42,
                 memory: Arc::new(memory),
+                hugetlb: Vec::new(),
             },
         )]
         .into();
-        let (b, dropped) = make_batches(&moves, 4, &vms);
+        let Batches {
+            batches: b,
+            dropped,
+            unmovable,
+        } = make_batches(&moves, 4, &vms);
         assert_eq!(dropped, 2 + 1, "VM 2 unknown, frame 3 without HVA");
+        assert!(unmovable.is_empty());
         assert_eq!(b.len(), 3);
         assert_eq!(b[0].pages.len(), 4);
-        assert_eq!(b[0].pages[0], (Gfn(0), Hva(0), NodeId(2)));
         assert_eq!(
-            b[1].pages.iter().map(|p| p.0 .0).collect::<Vec<_>>(),
+            b[0].pages[0],
+            BatchPage {
+                gfn: Gfn(0),
+                hva: Hva(0),
+                from: NodeId(2),
+                frames: 1
+            }
+        );
+        assert_eq!(
+            b[1].pages.iter().map(|p| p.gfn.0).collect::<Vec<_>>(),
             vec![10, 11]
         );
         assert_eq!(
             (b[2].to, b[2].dir, b[2].pid),
             (NodeId(2), Direction::Demote, 42)
+        );
+    }
+
+    /// A VM whose RAM above 1 MiB is on hugetlbfs: 2 MiB pages go by their head, one address
+    /// each, and count all their frames; a 1 GiB page under a 2 MiB move is not handed over at
+    /// all, and the engine learns its frames stayed.
+    fn hugetlb_vm(page_frames: u64) -> HashMap<VmId, VmTarget> {
+        let ram = GfnRange::new(Gfn(256), Gfn(256 + 4 * 512));
+        let memory = GuestMemory::new(vec![MappedRange {
+            gfns: ram,
+            // Guest frame 512 at a host address aligned to the page.
+            hva: Hva((1 << 30) - 256 * FRAME_SIZE),
+            name: "pc.ram".into(),
+        }])
+        .unwrap();
+        let hugetlb = vec![HugetlbSpan {
+            gfns: ram,
+            page_frames,
+        }];
+        [(
+            VmId(1),
+            VmTarget {
+                pid: 42,
+                memory: Arc::new(memory),
+                hugetlb,
+            },
+        )]
+        .into()
+    }
+
+    #[test]
+    fn hugetlb_pages_go_by_their_head() {
+        let vms = hugetlb_vm(512);
+        // Two whole pages, then a move cut short of a page's end, then one starting inside
+        // one, then the block the range's start cuts (frames 256..512).
+        let moves = vec![
+            mv(1, 512, 1024, 0, MoveKind::Promote),
+            mv(1, 1536, 100, 0, MoveKind::Promote),
+            mv(1, 2048 + 10, 502, 0, MoveKind::Promote),
+            mv(1, 256, 256, 0, MoveKind::Promote),
+        ];
+        let out = make_batches(&moves, 4096, &vms);
+        assert_eq!(out.dropped, 0);
+        let pages: Vec<_> = out.batches.iter().flat_map(|b| b.pages.clone()).collect();
+        assert_eq!(
+            pages
+                .iter()
+                .map(|p| (p.gfn.0, p.frames))
+                .collect::<Vec<_>>(),
+            vec![(512, 512), (1024, 512)]
+        );
+        assert_eq!(pages[0].hva.0 % (2 << 20), 0, "the head's address");
+        assert_eq!(
+            out.unmovable
+                .iter()
+                .map(|f| (f.gfn.0, f.frames, f.node))
+                .collect::<Vec<_>>(),
+            vec![
+                (1536, 100, Some(NodeId(2))),
+                (2058, 502, Some(NodeId(2))),
+                (256, 256, Some(NodeId(2)))
+            ]
+        );
+        // Batches hold at most batch_pages frames; a bigger page makes one of its own.
+        let out = make_batches(&moves[..1], 100, &vms);
+        assert_eq!(out.batches.len(), 2);
+        assert!(out.batches.iter().all(|b| b.frames() == 512));
+    }
+
+    #[test]
+    fn gigantic_pages_are_not_moved_by_a_block() {
+        let vms = hugetlb_vm(1 << 18);
+        let out = make_batches(&[mv(1, 512, 512, 0, MoveKind::Promote)], 4096, &vms);
+        assert!(out.batches.is_empty());
+        assert_eq!(
+            out.unmovable,
+            vec![PlacementRun {
+                vm: VmId(1),
+                gfn: Gfn(512),
+                frames: 512,
+                node: Some(NodeId(2))
+            }]
         );
     }
 
@@ -369,9 +561,15 @@ mod tests {
     fn execute_batch_on_self() {
         let mut buf = vec![1u8; 8 * 4096];
         let base = (buf.as_mut_ptr() as u64 + 4095) & !4095;
-        let pages: Vec<(Gfn, Hva, NodeId)> = (0..4)
-            .map(|i| (Gfn(i), Hva(base + i * 4096), NodeId(0)))
-            .chain(std::iter::once((Gfn(9), Hva(0x1000), NodeId(0))))
+        let page = |gfn, hva| BatchPage {
+            gfn: Gfn(gfn),
+            hva: Hva(hva),
+            from: NodeId(0),
+            frames: 1,
+        };
+        let pages: Vec<BatchPage> = (0..4)
+            .map(|i| page(i, base + i * 4096))
+            .chain(std::iter::once(page(9, 0x1000)))
             .collect();
         let b = Batch {
             vm: VmId(1),

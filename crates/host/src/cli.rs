@@ -142,6 +142,12 @@ fn backing_line(b: &serde_json::Value, problem: &serde_json::Value) -> Option<St
     if n("folio_blocks") > 0 {
         parts.push(format!("{} blocks placed whole", n("folio_blocks")));
     }
+    if n("unmovable_bytes") > 0 {
+        parts.push(format!(
+            "{} not moved (hugetlbfs pages over 2 MiB)",
+            human(n("unmovable_bytes"))
+        ));
+    }
     (!parts.is_empty()).then(|| format!("  backing: {}\n", parts.join(", ")))
 }
 

@@ -493,8 +493,27 @@ impl Daemon {
             return;
         };
         let f = backing::folios(&v.memory, b);
+        let pinned = backing::unmovable(&v.memory, b);
         let name = v.name.clone();
         let last = v.folios;
+        let last_pinned = v.pinned_frames;
+        match self.tiering.set_pinned(id, pinned) {
+            Ok(n) if n != last_pinned => {
+                if n > 0 {
+                    warn!(
+                        vm = %name, mib = n >> 8,
+                        "guest RAM on hugetlbfs pages larger than 2 MiB: left where it is (the \
+                         kernel moves such a page only whole, into a free page of the target \
+                         node's pool)"
+                    );
+                }
+                if let Some(v) = self.registry.get_mut(id) {
+                    v.pinned_frames = n;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(vm = %name, error = %e, "unmovable guest RAM not set"),
+        }
         match self.tiering.set_host_folios(id, f.heads) {
             Ok(n) if n != last => {
                 info!(
@@ -696,6 +715,10 @@ impl Daemon {
                 let t = VmTarget {
                     pid: v.pid,
                     memory: v.memory.clone(),
+                    hugetlb: v
+                        .backing
+                        .as_ref()
+                        .map_or_else(|_| Vec::new(), |b| backing::hugetlb_spans(&v.memory, b)),
                 };
                 (v.id, t)
             })

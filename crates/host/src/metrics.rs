@@ -698,6 +698,12 @@ impl VmStatus {
                 b.folio_blocks,
             );
             f.gauge(
+                "vtism_vm_unmovable_bytes",
+                "Guest RAM vtismd leaves where it is: on hugetlbfs pages larger than 2 MiB.",
+                vm(),
+                b.unmovable_bytes,
+            );
+            f.gauge(
                 "vtism_vm_backing_blocks_known",
                 "1 if every 2 MiB block's backing is known (0: THPs in use, where not known).",
                 vm(),

@@ -4,7 +4,9 @@
 //! VM by its own rate limit and let a throttled VM's batches wait behind the others'. A plan's
 //! promotions that needed demotions which fell short are dropped, so no VM exceeds its quota.
 
-use crate::batch::{execute_batch, make_batches, BatchResult, CallSettings, PageOutcome, VmTarget};
+use crate::batch::{
+    execute_batch, make_batches, BatchResult, Batches, CallSettings, PageOutcome, VmTarget,
+};
 use crate::rate::Limits;
 use crate::sys;
 use serde::Serialize;
@@ -335,7 +337,19 @@ fn run_job(
             }
             moves = keep;
         }
-        let (batches, _dropped) = make_batches(&moves, batch_pages, &job.vms);
+        let Batches {
+            batches, unmovable, ..
+        } = make_batches(&moves, batch_pages, &job.vms);
+        for f in unmovable {
+            let st = report.per_vm.entry(f.vm).or_default();
+            *st.pages_by_outcome
+                .entry(PageOutcome::Unmovable)
+                .or_default() += f.frames;
+            if phase == Phase::Demote {
+                *shortfall.entry(f.vm).or_default() += f.frames;
+            }
+            report.facts.push(f);
+        }
         let done = Completion::new(batches.len());
         for b in batches {
             let Some(w) = workers.get(&b.to) else {
@@ -410,7 +424,7 @@ fn worker_loop(
             &gauges.executed_pages,
             node,
             dir,
-            work.batch.pages.len() as i64,
+            work.batch.frames() as i64,
         );
         work.done.finish(r);
     }
@@ -467,7 +481,7 @@ fn pick_ready(q: &Queues, limits: &Mutex<Limits>) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::Batch;
+    use crate::batch::{Batch, BatchPage};
     use crate::mtree::{GuestMemory, MappedRange};
     use vtism_engine::MoveKind;
     use vtism_proto::{Gfn, GfnRange, Hva};
@@ -501,7 +515,15 @@ mod tests {
                 pid: 1,
                 to: NodeId(0),
                 dir: Direction::Promote,
-                pages: vec![(Gfn(0), Hva(0), NodeId(2)); 16],
+                pages: vec![
+                    BatchPage {
+                        gfn: Gfn(0),
+                        hva: Hva(0),
+                        from: NodeId(2),
+                        frames: 1,
+                    };
+                    16
+                ],
             },
             done: done.clone(),
         };
@@ -558,6 +580,7 @@ mod tests {
             VmTarget {
                 pid: std::process::id() as i32,
                 memory: Arc::new(mem),
+                hugetlb: Vec::new(),
             },
         )]
         .into();

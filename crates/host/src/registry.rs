@@ -40,6 +40,8 @@ pub struct ManagedVm {
     pub backing: Result<Vec<RangeBacking>, String>,
     /// Host folios the engine was last told to place whole (`Daemon::place_folios`).
     pub folios: u64,
+    /// Frames the engine was last told not to plan (`Daemon::place_folios`).
+    pub pinned_frames: u64,
     pub home: Option<NodeId>,
     /// A different home seen at the last refresh (moved only when seen twice in a row).
     home_candidate: Option<NodeId>,
@@ -146,6 +148,7 @@ impl Registry {
                 refreshed: None,
                 backing: info.backing,
                 folios: 0,
+                pinned_frames: 0,
                 memory: Arc::new(info.memory),
                 home,
                 home_candidate: None,
