@@ -14,6 +14,15 @@
 //! frames and fill a quota with cold data; the sum would favour folios over 4 KiB frames holding
 //! the same data.
 
+//!
+//! **Split or not.** A folio whose hot frames are fewer than half of it spends, whole, more DRAM
+//! on cold data than on hot. When the VM's hot set does not fit its quota (the planner had to
+//! leave hot frames out), such a folio is worth splitting: its hot frames then compete one by
+//! one and its cold ones stay in slow memory. Memtis decides page size by the same measure, the
+//! hot share of a huge page. Without that pressure every folio stays whole and the guest keeps
+//! the huge page's TLB reach. The engine only asks (`SplitRequest`); the driver splits what the
+//! kernel lets it (a THP, not a hugetlbfs page) and says so at its next backing read.
+
 use vtism_proto::count::{level_of_rate, rate_hz};
 use vtism_proto::entry::GFN_MASK;
 use vtism_proto::{CountMeaning, Gfn, HintEntry, PageType, RamMap, HUGE_FRAMES};
@@ -151,6 +160,17 @@ impl HostFolios {
     }
 }
 
+/// A folio fewer than half of whose frames are hot, with a frame its round did not hint: splitting
+/// it where the quota is short lets its hot frames be placed alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseFolio {
+    pub head: Gfn,
+    /// Hot frames in it (hinted at `hot_count` or more).
+    pub hot: u32,
+    /// A frame the round did not hint: what a driver may advise cold to split the folio.
+    pub cold: Gfn,
+}
+
 /// One round's entries with those inside host folios folded into one 2 MiB entry per folio, at
 /// the folio's mean rate (the module docs' rule), into `out`. Entries elsewhere pass unchanged,
 /// in order, ahead of the folded ones (in address order). `inside` is scratch.
@@ -160,15 +180,21 @@ impl HostFolios {
 /// first known one. A folio whose mean rounds to level 0 (no accesses) is left out, as a writer
 /// may leave out a level-0 entry. Entries are not validated here: one that is not a 2 MiB
 /// entry's head passes unchanged for the engine to refuse.
+///
+/// With `hot_count` (rate levels only), folios with at least one frame hinted at that count or
+/// more but fewer than half of them go to `sparse`.
 pub fn fold_into_folios(
     entries: &[HintEntry],
     folios: &HostFolios,
     counts: CountMeaning,
+    hot_count: Option<u8>,
     inside: &mut Vec<u64>,
     out: &mut Vec<HintEntry>,
+    sparse: &mut Vec<SparseFolio>,
 ) {
     out.clear();
     inside.clear();
+    sparse.clear();
     for &e in entries {
         let misplaced_huge = e.huge() && e.gfn().0 % HUGE_FRAMES != 0;
         if !misplaced_huge && folios.holds(e.gfn()) {
@@ -183,7 +209,11 @@ pub fn fold_into_folios(
     let mut i = 0;
     while i < inside.len() {
         let block = (inside[i] & GFN_MASK) >> BLOCK_SHIFT;
-        let mut fold = FolioFold::default();
+        let head = Gfn(block << BLOCK_SHIFT);
+        let mut fold = FolioFold {
+            next: head.0,
+            ..FolioFold::default()
+        };
         let mut last_small = None;
         while i < inside.len() && (inside[i] & GFN_MASK) >> BLOCK_SHIFT == block {
             let e = HintEntry(inside[i]);
@@ -191,15 +221,15 @@ pub fn fold_into_folios(
                 fold.add(e, counts);
             } else if last_small != Some(e.gfn()) {
                 fold.add(e, counts);
+                fold.count_frame(e, hot_count);
                 last_small = Some(e.gfn());
             } else {
                 fold.merge_flags(e);
             }
             i += 1;
         }
-        if let Some(e) = fold.entry(Gfn(block << BLOCK_SHIFT), counts) {
-            out.push(e);
-        }
+        out.extend(fold.entry(head, counts));
+        sparse.extend(fold.sparse(head));
     }
 }
 
@@ -213,9 +243,42 @@ struct FolioFold {
     write: bool,
     young: bool,
     page_type: Option<PageType>,
+    /// Distinct 4 KiB frames hinted at the hot count or more.
+    hot: u32,
+    /// The frame after the last one seen (frames come in order), and the first one not hinted.
+    next: u64,
+    gap: Option<u64>,
 }
 
 impl FolioFold {
+    /// A distinct 4 KiB frame of the folio, in address order.
+    fn count_frame(&mut self, e: HintEntry, hot_count: Option<u8>) {
+        let g = e.gfn().0;
+        if self.gap.is_none() && g > self.next {
+            self.gap = Some(self.next);
+        }
+        self.next = g + 1;
+        if hot_count.is_some_and(|h| e.count() >= h) {
+            self.hot += 1;
+        }
+    }
+
+    /// The folio as a candidate for splitting: hot frames, fewer than half, and no 2 MiB entry
+    /// saying all of it is accessed.
+    fn sparse(&self, head: Gfn) -> Option<SparseFolio> {
+        if self.whole.is_some() || self.hot == 0 || u64::from(self.hot) >= HUGE_FRAMES / 2 {
+            return None;
+        }
+        let cold = self
+            .gap
+            .or((self.next < head.0 + HUGE_FRAMES).then_some(self.next))?;
+        Some(SparseFolio {
+            head,
+            hot: self.hot,
+            cold: Gfn(cold),
+        })
+    }
+
     fn add(&mut self, e: HintEntry, counts: CountMeaning) {
         if e.huge() {
             self.whole = self.whole.max(Some(e.count()));
@@ -278,7 +341,15 @@ mod tests {
 
     fn fold(entries: &[HintEntry], f: &HostFolios, counts: CountMeaning) -> Vec<HintEntry> {
         let (mut inside, mut out) = (Vec::new(), Vec::new());
-        fold_into_folios(entries, f, counts, &mut inside, &mut out);
+        fold_into_folios(
+            entries,
+            f,
+            counts,
+            None,
+            &mut inside,
+            &mut out,
+            &mut Vec::new(),
+        );
         out
     }
 

@@ -223,6 +223,22 @@ impl Tables {
     }
 
     #[inline(always)]
+    /// The least hint count that names a frame of the hot set (one the pool counts in the
+    /// hot-set size when hinted so every round): the rate level of `hot_set_min_rate_hz`, or the
+    /// rounds seen whose steady score reaches `hot_set_min_score`. 255 where none does.
+    pub fn hot_count(&self, meaning: CountMeaning) -> u8 {
+        match meaning {
+            CountMeaning::RateLevel => self.hot_rate_level,
+            CountMeaning::RoundsSeen => (1..=255u8)
+                .find(|&c| {
+                    let d = self.degree(meaning, c, false) as usize;
+                    self.logq[self.steady[d.min(self.steady.len() - 1)].max(1) as usize]
+                        >= self.hot_set_level[CountMeaning::RoundsSeen as usize]
+                })
+                .unwrap_or(255),
+        }
+    }
+
     pub(crate) fn degree(&self, meaning: CountMeaning, count: u8, write: bool) -> u32 {
         self.degrees[meaning as usize][count as usize][write as usize] as u32
     }
@@ -768,6 +784,20 @@ mod tests {
         let hot = t.hot_set_level[CountMeaning::RateLevel as usize] as u16;
         assert!(t.level(at, 39).unwrap() >= hot);
         assert!(t.level(below, 39).unwrap() < hot);
+    }
+
+    /// A hot frame by its hint: at the hot-set rate, or (rounds seen) one whose steady score
+    /// reaches hot_set_min_score (16): degree 4 settles just under it with the score
+    /// arithmetic's rounding, so 5 rounds of 8.
+    #[test]
+    fn hot_counts() {
+        let p = EngineParams::default();
+        let t = Tables::new(&p);
+        assert_eq!(
+            t.hot_count(CountMeaning::RateLevel),
+            level_of_rate(p.hot_set_min_rate_hz)
+        );
+        assert_eq!(t.hot_count(CountMeaning::RoundsSeen), 5);
     }
 
     #[test]

@@ -40,4 +40,4 @@ pub use pool::{FastPool, PoolError, PoolMode, PoolParams, QuotaChange, QuotaReas
 pub use round::{demand_ready, RoundError, RoundOutcome, Tiering};
 pub use topology::{NodeSpec, Topology, TopologyError};
 pub use types::{Nanos, NodeId, Tier, VmId};
-pub use vtism::{VmSummary, VtismPolicy};
+pub use vtism::{SplitRequest, VmSummary, VtismPolicy};

@@ -18,6 +18,7 @@ use crate::plan::{Move, Plan};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
 use crate::pool::{FastPool, PoolError, PoolParams, QuotaChange, VmLimits};
 use crate::types::{Nanos, NodeId, VmId};
+use crate::vtism::SplitRequest;
 use crate::vtism::{VmSummary, VtismPolicy};
 use std::collections::BTreeMap;
 use thiserror::Error;
@@ -43,6 +44,9 @@ pub struct RoundOutcome {
     /// Moves cut by the rate allowances: their frames are where they were, as the engine now
     /// knows, so the next plan proposes them again.
     pub deferred: Vec<Move>,
+    /// Host folios the engine would place better as base pages (`folio`, "Split or not"): the
+    /// driver splits those the kernel lets it.
+    pub splits: Vec<SplitRequest>,
 }
 
 impl RoundOutcome {
@@ -330,6 +334,7 @@ impl Tiering {
                 stats: plan.stats,
             },
             deferred,
+            splits: self.engine.take_split_requests(),
         }
     }
 

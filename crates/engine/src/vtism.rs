@@ -3,7 +3,7 @@
 mod buckets;
 mod ingest;
 
-use crate::folio::{fold_into_folios, HostFolios};
+use crate::folio::{fold_into_folios, HostFolios, SparseFolio};
 use crate::hotness::{
     key_level, key_of, FrameState, Key, Tables, COLD_SLOT, KEY_BUCKETS, NODE_UNKNOWN, RING,
 };
@@ -51,6 +51,10 @@ struct VmState {
     /// Dense frames the host cannot move as the planner would (`VtismPolicy::set_pinned`), in
     /// order: never planned.
     pinned: Vec<std::ops::Range<usize>>,
+    /// The last plan could not fit the VM's hot set in its quota less the reserve.
+    pressed: bool,
+    /// Folios asked to be split, by block, and when.
+    split_asked: HashMap<u64, Nanos>,
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
@@ -82,6 +86,37 @@ struct VmState {
 }
 
 impl VmState {
+    /// Asks for the sparse folios to be split while the VM's hot set does not fit its quota (the
+    /// rule: `folio`); none asked twice within `SPLIT_ASK_AGAIN`.
+    fn ask_splits(&mut self, sparse: &[SparseFolio], now: Nanos, out: &mut Vec<SplitRequest>) {
+        if sparse.is_empty() || !self.pressed {
+            return;
+        }
+        self.split_asked
+            .retain(|_, t| now.0.saturating_sub(t.0) < SPLIT_ASK_AGAIN.0);
+        let mut asked = 0;
+        for f in sparse {
+            if asked == SPLITS_PER_ROUND {
+                break;
+            }
+            let block = f.head.0 / HUGE_FRAMES;
+            if self
+                .split_asked
+                .get(&block)
+                .is_some_and(|&t| now.0.saturating_sub(t.0) < SPLIT_ASK_AGAIN.0)
+            {
+                continue;
+            }
+            self.split_asked.insert(block, now);
+            out.push(SplitRequest {
+                vm: self.spec.id,
+                head: f.head,
+                cold: f.cold,
+            });
+            asked += 1;
+        }
+    }
+
     /// Histogram slot and class of a frame, `None` when its node is unknown (not counted).
     #[inline]
     fn hist_pos(&self, t: &Tables, s: FrameState) -> Option<(usize, usize)> {
@@ -214,7 +249,28 @@ pub struct VtismPolicy {
     /// A round's entries with those in host folios folded (`folio::fold_into_folios`).
     folded: Vec<HintEntry>,
     fold_scratch: Vec<u64>,
+    sparse: Vec<SparseFolio>,
+    /// Folios the engine asks the driver to split (`take_split_requests`).
+    split_requests: Vec<SplitRequest>,
 }
+
+/// A host folio the engine would place better split into base pages (the rule: `folio`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitRequest {
+    pub vm: VmId,
+    pub head: Gfn,
+    /// A frame of it the guest did not hint this round: advising it cold splits a THP.
+    pub cold: Gfn,
+}
+
+/// A folio asked to be split is not asked again for this long: the driver sees the split at its
+/// next backing read, and a folio it could not split (hugetlbfs) or khugepaged collapsed again
+/// is asked at most this often.
+const SPLIT_ASK_AGAIN: Nanos = Nanos(60_000_000_000);
+
+/// Folios asked per VM and round, at most: Memtis splits at most 100 MB per pass
+/// (docs/peers.md).
+const SPLITS_PER_ROUND: usize = 50;
 
 impl VtismPolicy {
     pub fn new(
@@ -242,6 +298,8 @@ impl VtismPolicy {
             ingest_scratch: Default::default(),
             folded: Vec::new(),
             fold_scratch: Vec::new(),
+            sparse: Vec::new(),
+            split_requests: Vec::new(),
         })
     }
 
@@ -433,6 +491,7 @@ impl VtismPolicy {
                     + v.bucket_room.capacity() * 4
                     + v.host_folios.memory_bytes()
                     + (v.held.capacity() + v.pinned.capacity()) * 16
+                    + v.split_asked.capacity() * 24
                     + std::mem::size_of::<VmState>()
             })
             .sum();
@@ -483,6 +542,11 @@ impl VtismPolicy {
         v.host_folios = new;
         v.dirty = true;
         Ok(v.host_folios.len())
+    }
+
+    /// The folios the engine asked to have split since the last call (`folio`, "Split or not").
+    pub fn take_split_requests(&mut self) -> Vec<SplitRequest> {
+        std::mem::take(&mut self.split_requests)
     }
 
     /// The end of the unit of placement holding `gfn`: its host folio's, or the frame's own.
@@ -640,6 +704,7 @@ impl VtismPolicy {
             cum += b;
         }
         stats.hot_set_frames = cum;
+        v.pressed = t_room != u64::MAX;
         stats.threshold_key = t as Key;
         let t_slow_room = if t_room == u64::MAX {
             u64::MAX
@@ -1063,6 +1128,8 @@ impl Policy for VtismPolicy {
             host_folios: HostFolios::default(),
             held: Vec::new(),
             pinned: Vec::new(),
+            pressed: false,
+            split_asked: HashMap::new(),
             spans,
             frames: vec![FrameState::NEW; frames as usize],
             spec,
@@ -1139,7 +1206,18 @@ impl Policy for VtismPolicy {
             return Ok(v.ingest(tables, counts, entries, scratch));
         }
         let (folded, inside) = (&mut self.folded, &mut self.fold_scratch);
-        fold_into_folios(entries, &v.host_folios, counts, inside, folded);
+        let hot_count = Some(tables.hot_count(counts));
+        let sparse = &mut self.sparse;
+        fold_into_folios(
+            entries,
+            &v.host_folios,
+            counts,
+            hot_count,
+            inside,
+            folded,
+            sparse,
+        );
+        v.ask_splits(sparse, now, &mut self.split_requests);
         let mut st = v.ingest(tables, counts, folded, scratch);
         // The guest's entries, as it sent them; the folios' entries are counted as applied.
         st.entries = entries.len() as u64;

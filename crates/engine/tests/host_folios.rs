@@ -61,6 +61,28 @@ impl Host {
         self.engine.set_host_folios(self.vm, heads).unwrap()
     }
 
+    /// The kernel splits the THPs the engine asked about (as MADV_COLD on one of their pages
+    /// does), and the driver's next backing read tells the engine. Returns the blocks split.
+    fn split_as_asked(&mut self) -> Vec<u64> {
+        let blocks: Vec<u64> = self
+            .engine
+            .take_split_requests()
+            .into_iter()
+            .inspect(|r| {
+                assert_eq!(r.vm, self.vm);
+                assert_eq!(r.cold.0 / H, r.head.0 / H, "the cold frame is the folio's");
+            })
+            .map(|r| r.head.0 / H)
+            .collect();
+        for &b in &blocks {
+            self.folio[b as usize] = false;
+        }
+        if !blocks.is_empty() {
+            self.tell_folios();
+        }
+        blocks
+    }
+
     fn fast(&self) -> u64 {
         self.truth.iter().filter(|&&n| n == FAST).count() as u64
     }
@@ -309,4 +331,57 @@ fn pinned_frames_are_never_planned() {
         "quota overshot: {} frames on DRAM",
         h.peak_fast
     );
+}
+
+/// Split or not: the hot set lies in more folios than the quota holds whole, a few frames in
+/// each. The engine asks for the sparse folios to be split, and once they are, every hot frame
+/// reaches DRAM within the quota, which whole folios could not do.
+#[test]
+fn sparse_folios_are_split_when_the_quota_cannot_hold_them_whole() {
+    // Eight folios with 48 hot frames each (384 in all); room for three folios' worth.
+    let mut h = Host::new(8, 3 * H, |_| true);
+    h.tell_folios();
+    let hot: Vec<u64> = (0..8)
+        .flat_map(|b| (0..48).map(move |k| b * H + k * 7))
+        .collect();
+    let hints: Vec<HintEntry> = hot.iter().map(|&g| hint(g, 200)).collect();
+    let mut split = Vec::new();
+    for _ in 0..20 {
+        h.round(&hints);
+        split.extend(h.split_as_asked());
+    }
+    split.sort_unstable();
+    split.dedup();
+    assert_eq!(
+        split,
+        (0..8).collect::<Vec<_>>(),
+        "every sparse folio split"
+    );
+    let hot_fast = hot.iter().filter(|&&g| h.truth[g as usize] == FAST).count();
+    assert_eq!(hot_fast, hot.len(), "hot frames on DRAM");
+    assert!(h.peak_fast <= h.quota_frames, "peak {} frames", h.peak_fast);
+    // And then it holds still.
+    let before = h.moved_frames;
+    for _ in 0..10 {
+        h.round(&hints);
+        assert!(h.split_as_asked().is_empty());
+    }
+    assert_eq!(h.moved_frames, before);
+}
+
+/// Where the quota holds every folio with hot data whole, folios stay whole (the guest keeps
+/// their TLB reach), however few of their frames are hot.
+#[test]
+fn folios_stay_whole_without_pressure() {
+    let mut h = Host::new(8, 8 * H, |_| true);
+    h.tell_folios();
+    // 100 frames at 64 Hz in each of four folios: a mean of 12.5 Hz, hot whole.
+    let hints: Vec<HintEntry> = (0..4)
+        .flat_map(|b| (0..100).map(move |k| hint(b * H + k * 5, 192)))
+        .collect();
+    for _ in 0..10 {
+        h.round(&hints);
+        assert_eq!(h.split_as_asked(), Vec::<u64>::new());
+    }
+    assert_eq!(h.fast(), 4 * H, "the four folios on DRAM whole");
 }
