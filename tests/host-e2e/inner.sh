@@ -126,6 +126,9 @@ fast_quota_mib = 16
 name = "vm-g"
 fast_quota_mib = 16
 [[vm]]
+name = "vm-s"
+fast_quota_mib = 16
+[[vm]]
 name = "vm-h"
 fast_quota_mib = 16
 [[vm]]
@@ -222,6 +225,38 @@ vm_g_gone() { [ "$(status_json | python3 -c "import json,sys; print(len([v for v
 check "hugetlbfs: vm-g dropped when its QEMU exits" wait_for 20 vm_g_gone
 wait_for 10 bash -c "! kill -0 $(cat $W/vm-g.pid)"
 echo 0 >$HP
+
+# vm-s: RAM on host THPs, its vCPU writing every page of guest-physical 32-62 MiB (so that they
+# hold data: Linux 6.12 maps a split THP's zero-filled pages to the shared zero page), a hot set
+# of 64 frames at the start of each of those 15 blocks (3.75 MiB in 30 MiB of folios) and a
+# 16 MiB quota: whole, the folios holding hot data do not fit, so vtismd splits them (fewer than
+# half their frames hot) and places the hot frames alone.
+"$REPO/tests/host-e2e/mkpayload.sh" $W/fill.elf 0x2000000 0x3e00000 || fail "split: payload build failed"
+truncate -s 1M /dev/shm/vtism-vm-s.chan
+taskset -c 0 qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m 64M -smp 1 \
+	-display none -nodefaults -name vm-s \
+	-object memory-backend-ram,id=ram0,size=64M,prealloc=on,host-nodes=2,policy=bind \
+	-numa node,nodeid=0,memdev=ram0 \
+	-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-vm-s.chan,size=1M,share=on \
+	-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
+	-qmp unix:$W/qmp/vm-s.qmp,server=on,wait=off \
+	-qmp unix:$W/vm-s.harness,server=on,wait=off \
+	-kernel $W/fill.elf -daemonize -pidfile $W/vm-s.pid || fail "split: vm-s did not start"
+SPARSE=$(for b in $(seq 16 30); do printf '0x%x+64,' $((b * 512)); done)
+SPARSE=${SPARSE%,}
+$H publish /dev/shm/vtism-vm-s.chan "$SPARSE" 200 >"$OUT/publish-s.log" 2>&1 &
+PUB_S=$!
+check "split: vm-s's hot frames (3.75 MiB spread over 15 THPs) all on node 0, quota 16 MiB held" \
+	$H wait $W/vm-s.harness /dev/shm/vtism-vm-s.chan "$SPARSE" 0 2 16 120 hot-only
+splits=$(vm_expr vm-s "v['backing']['folio_splits'] if v['backing'] else -1")
+msplits=$(metric 'vtism_vm_folio_splits_total\{vm="vm-s"\}')
+hb_s=$(vm_expr vm-s "v['backing']['huge_blocks'] if v['backing'] else -1")
+[ "${splits:-0}" -ge 15 ] && [ "$msplits" = "$splits" ] &&
+	pass "split: vm-s had $splits THPs split (ctl status and metrics), $hb_s blocks still huge" ||
+	fail "split: vm-s splits $splits (metric $msplits), $hb_s blocks huge; moves $(vm_expr vm-s "(v['promoted_bytes'], v['demoted_bytes'], sorted(v['pages_by_outcome'].items()))"); $($H placement $W/vm-s.harness)"
+kill $PUB_S "$(cat $W/vm-s.pid)"
+vm_s_gone() { [ "$(status_json | python3 -c "import json,sys; print(len([v for v in json.load(sys.stdin)['vms'] if v['name'] == 'vm-s']))")" = 0 ]; }
+check "split: vm-s dropped when its QEMU exits" wait_for 20 vm_s_gone
 
 # ---- VMs without a tracker ----
 # vm-h: no channel; its vCPU runs tests/host-e2e/hotloop.S, updating every page of guest-physical

@@ -152,6 +152,8 @@ pub struct BackingSummary {
     pub folio_blocks: u64,
     /// Guest RAM vtismd does not move: on hugetlbfs pages larger than 2 MiB (`unmovable`).
     pub unmovable_bytes: u64,
+    /// THPs split at the engine's request since admission (`Daemon::split_folios`).
+    pub folio_splits: u64,
 }
 
 pub fn summarize(ranges: &[RangeBacking]) -> BackingSummary {

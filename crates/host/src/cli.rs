@@ -142,6 +142,9 @@ fn backing_line(b: &serde_json::Value, problem: &serde_json::Value) -> Option<St
     if n("folio_blocks") > 0 {
         parts.push(format!("{} blocks placed whole", n("folio_blocks")));
     }
+    if n("folio_splits") > 0 {
+        parts.push(format!("{} split", n("folio_splits")));
+    }
     if n("unmovable_bytes") > 0 {
         parts.push(format!(
             "{} not moved (hugetlbfs pages over 2 MiB)",

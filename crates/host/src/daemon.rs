@@ -32,8 +32,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use vtism_engine::{
-    Direction, FastPool, Nanos, NodeId, Observation, PlanContext, QuotaChange, Tiering, VmId,
-    VmLimits, VmSpec, VtismPolicy,
+    Direction, FastPool, Nanos, NodeId, Observation, PlanContext, QuotaChange, SplitRequest,
+    Tiering, VmId, VmLimits, VmSpec, VtismPolicy,
 };
 use vtism_proto::FRAME_SIZE;
 
@@ -696,6 +696,7 @@ impl Daemon {
         };
         let out = self.tiering.round(&ctx, &allowances, self.now());
         self.report_quota_changes(&out.quota_changes);
+        self.split_folios(&out.splits);
         if out.plan.is_empty() && out.deferred.is_empty() {
             return;
         }
@@ -724,6 +725,35 @@ impl Daemon {
             })
             .collect();
         self.mover.submit(out.plan.moves, vms);
+    }
+
+    /// Folios the engine would place better split: each THP vtismd knows to be one (its block
+    /// mapped huge by `PAGEMAP_SCAN`) is queued for the VM's next re-read, which splits it and
+    /// then reads the backing (`registry::split_thps`). A hugetlbfs page cannot be split, and on
+    /// a kernel without `PAGEMAP_SCAN` a split could not be seen: those are left whole.
+    fn split_folios(&mut self, requests: &[SplitRequest]) {
+        for r in requests {
+            let Some(v) = self.registry.get_mut(r.vm) else {
+                continue;
+            };
+            let Ok(backing) = &v.backing else {
+                continue;
+            };
+            let (Some(head), Some(cold)) = (v.memory.hva(r.head), v.memory.hva(r.cold)) else {
+                continue;
+            };
+            let is_thp = v.memory.ranges.iter().zip(backing).any(|(m, b)| {
+                m.hva == b.hva
+                    && m.gfns.contains(r.head)
+                    && b.hugetlb_page_bytes.is_none()
+                    && b.method == backing::Method::PagemapScan
+                    && b.is_huge(head) == Some(true)
+            });
+            if is_thp && !v.split_queue.contains(&cold) {
+                v.split_queue.push(cold);
+                v.folio_splits += 1;
+            }
+        }
     }
 
     /// Quota changes the round made: the guests are told, the log and the status say why.
@@ -932,6 +962,7 @@ impl Daemon {
             no_signal: s.last_observed.is_none(),
             backing: v.backing.as_ref().ok().map(|r| backing::BackingSummary {
                 folio_blocks: s.host_folios,
+                folio_splits: v.folio_splits,
                 ..backing::summarize(r)
             }),
             backing_problem: v.backing.as_ref().err().cloned(),

@@ -697,6 +697,12 @@ impl VmStatus {
                 vm(),
                 b.folio_blocks,
             );
+            f.counter(
+                "vtism_vm_folio_splits",
+                "THPs split (a page advised cold): fewer than half their frames hot, and the quota short.",
+                vm(),
+                b.folio_splits,
+            );
             f.gauge(
                 "vtism_vm_unmovable_bytes",
                 "Guest RAM vtismd leaves where it is: on hugetlbfs pages larger than 2 MiB.",

@@ -12,6 +12,7 @@ use crate::config::{Config, VmSettings};
 use crate::mtree::GuestMemory;
 use crate::process::ProcessIdentity;
 use crate::qmp::{Qmp, QmpError};
+use crate::sys;
 use crate::topology::HostTopology;
 use crate::vm::{self, VmInfo};
 use std::collections::{BTreeMap, HashSet};
@@ -20,6 +21,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use vtism_engine::{NodeId, VmId};
+use vtism_proto::{Hva, FRAME_SIZE};
 
 /// A managed VM, QEMU's side of it.
 pub struct ManagedVm {
@@ -42,6 +44,10 @@ pub struct ManagedVm {
     pub folios: u64,
     /// Frames the engine was last told not to plan (`Daemon::place_folios`).
     pub pinned_frames: u64,
+    /// THPs to split at the next re-read, each by a cold page of it (`Daemon::split_folios`).
+    pub split_queue: Vec<Hva>,
+    /// THPs split at the engine's request, in all.
+    pub folio_splits: u64,
     pub home: Option<NodeId>,
     /// A different home seen at the last refresh (moved only when seen twice in a row).
     home_candidate: Option<NodeId>,
@@ -149,6 +155,8 @@ impl Registry {
                 backing: info.backing,
                 folios: 0,
                 pinned_frames: 0,
+                split_queue: Vec::new(),
+                folio_splits: 0,
                 memory: Arc::new(info.memory),
                 home,
                 home_candidate: None,
@@ -336,6 +344,21 @@ fn log_backing(
     }
 }
 
+/// Splits THPs of process `pid`, each by MADV_COLD on one of its 4 KiB pages: the kernel splits
+/// a PMD-mapped THP that an advice covers only in part (mm/madvise.c,
+/// madvise_cold_or_pageout_pte_range, Linux 6.1 and 6.12, anonymous and shmem alike), and the
+/// page advised is one the guest did not name hot. The other 511 stay where they are.
+fn split_thps(vm: &str, pid: i32, pages: &[Hva]) {
+    if pages.is_empty() {
+        return;
+    }
+    let ranges: Vec<(Hva, u64)> = pages.iter().map(|&a| (a, FRAME_SIZE)).collect();
+    match sys::pidfd_open(pid).and_then(|fd| sys::madvise_cold(&fd, &ranges)) {
+        Ok(_) => debug!(vm, folios = pages.len(), "host folios split"),
+        Err(e) => warn!(vm, error = %e, folios = pages.len(), "host folios not split"),
+    }
+}
+
 /// How a refresh that found QEMU lying about its memory is reported.
 const LIE: &str = "QEMU lies about its memory";
 
@@ -349,6 +372,8 @@ impl ManagedVm {
         let budget = Duration::from_millis(cfg.admission.qmp_exchange_timeout_ms);
         let identity = self.identity;
         let last = self.backing.as_ref().ok().cloned();
+        let splits = std::mem::take(&mut self.split_queue);
+        let name = self.name.clone();
         let (tx, rx) = mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("vtism-refresh".into())
@@ -364,6 +389,8 @@ impl ManagedVm {
                     ))),
                     (Ok(mut info), Ok(_)) => match rules.check_memory(&identity, &info) {
                         Ok(()) => {
+                            // Before the read, so that it sees the folios split.
+                            split_thps(&name, identity.pid, &splits);
                             vm::read_backing(&mut info, last.as_deref());
                             Ok(info)
                         }
