@@ -154,6 +154,8 @@ pub struct BackingSummary {
     pub unmovable_bytes: u64,
     /// THPs split at the engine's request since admission (`Daemon::split_folios`).
     pub folio_splits: u64,
+    /// Split blocks later seen mapped huge again (`Daemon::follow_splits`).
+    pub folio_recollapses: u64,
 }
 
 pub fn summarize(ranges: &[RangeBacking]) -> BackingSummary {

@@ -143,7 +143,11 @@ fn backing_line(b: &serde_json::Value, problem: &serde_json::Value) -> Option<St
         parts.push(format!("{} blocks placed whole", n("folio_blocks")));
     }
     if n("folio_splits") > 0 {
-        parts.push(format!("{} split", n("folio_splits")));
+        parts.push(format!(
+            "{} split ({} collapsed again)",
+            n("folio_splits"),
+            n("folio_recollapses")
+        ));
     }
     if n("unmovable_bytes") > 0 {
         parts.push(format!(

@@ -19,7 +19,7 @@ use crate::metrics::{
 use crate::mover::{MoveTotals, Mover, MoverGauges, MoverSettings, PerNodeDir};
 use crate::rate::Limits;
 use crate::reconcile::{self, Reconcile};
-use crate::registry::{ManagedVm, Registry, Watch};
+use crate::registry::{self, ManagedVm, Registry, Watch};
 use crate::serve::{self, CtlRequest};
 use crate::sys;
 use crate::topology::HostTopology;
@@ -35,7 +35,7 @@ use vtism_engine::{
     Direction, FastPool, Nanos, NodeId, Observation, PlanContext, QuotaChange, SplitRequest,
     Tiering, VmId, VmLimits, VmSpec, VtismPolicy,
 };
-use vtism_proto::FRAME_SIZE;
+use vtism_proto::{Gfn, FRAME_SIZE};
 
 /// Counters kept across reloads.
 #[derive(Default)]
@@ -497,6 +497,7 @@ impl Daemon {
         let name = v.name.clone();
         let last = v.folios;
         let last_pinned = v.pinned_frames;
+        self.follow_splits(id, &f.heads);
         match self.tiering.set_pinned(id, pinned) {
             Ok(n) if n != last_pinned => {
                 if n > 0 {
@@ -727,6 +728,24 @@ impl Daemon {
         self.mover.submit(out.plan.moves, vms);
     }
 
+    /// What became of the blocks vtismd split, as a backing read finds them: seen split, or
+    /// mapped huge again once they were (khugepaged collapsed them: counted and logged, and the
+    /// engine may ask again). A block still huge at the first read after its split was not
+    /// split (the kernel declined): forgotten.
+    fn follow_splits(&mut self, id: VmId, heads: &[Gfn]) {
+        let Some(v) = self.registry.get_mut(id) else {
+            return;
+        };
+        let again = registry::follow_splits(&mut v.split_heads, heads);
+        if again > 0 {
+            v.folio_recollapses += again;
+            info!(
+                vm = %v.name, blocks = again, total = v.folio_recollapses,
+                "split host folios mapped huge again (khugepaged collapsed them)"
+            );
+        }
+    }
+
     /// Folios the engine would place better split: each THP vtismd knows to be one (its block
     /// mapped huge by `PAGEMAP_SCAN`) is queued for the VM's next re-read, which splits it and
     /// then reads the backing (`registry::split_thps`). A hugetlbfs page cannot be split, and on
@@ -751,6 +770,7 @@ impl Daemon {
             });
             if is_thp && !v.split_queue.contains(&cold) {
                 v.split_queue.push(cold);
+                v.split_heads.insert(r.head, false);
                 v.folio_splits += 1;
             }
         }
@@ -963,6 +983,7 @@ impl Daemon {
             backing: v.backing.as_ref().ok().map(|r| backing::BackingSummary {
                 folio_blocks: s.host_folios,
                 folio_splits: v.folio_splits,
+                folio_recollapses: v.folio_recollapses,
                 ..backing::summarize(r)
             }),
             backing_problem: v.backing.as_ref().err().cloned(),

@@ -703,6 +703,12 @@ impl VmStatus {
                 vm(),
                 b.folio_splits,
             );
+            f.counter(
+                "vtism_vm_folio_recollapses",
+                "Split THPs later seen mapped huge again (khugepaged collapsed them).",
+                vm(),
+                b.folio_recollapses,
+            );
             f.gauge(
                 "vtism_vm_unmovable_bytes",
                 "Guest RAM vtismd leaves where it is: on hugetlbfs pages larger than 2 MiB.",

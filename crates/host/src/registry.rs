@@ -21,7 +21,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use vtism_engine::{NodeId, VmId};
-use vtism_proto::{Hva, FRAME_SIZE};
+use vtism_proto::{Gfn, Hva, FRAME_SIZE};
 
 /// A managed VM, QEMU's side of it.
 pub struct ManagedVm {
@@ -48,6 +48,10 @@ pub struct ManagedVm {
     pub split_queue: Vec<Hva>,
     /// THPs split at the engine's request, in all.
     pub folio_splits: u64,
+    /// Heads of the blocks split, and whether a re-read has seen them split since.
+    pub split_heads: BTreeMap<Gfn, bool>,
+    /// Split blocks seen mapped huge again (khugepaged collapsed them).
+    pub folio_recollapses: u64,
     pub home: Option<NodeId>,
     /// A different home seen at the last refresh (moved only when seen twice in a row).
     home_candidate: Option<NodeId>,
@@ -157,6 +161,8 @@ impl Registry {
                 pinned_frames: 0,
                 split_queue: Vec::new(),
                 folio_splits: 0,
+                split_heads: BTreeMap::new(),
+                folio_recollapses: 0,
                 memory: Arc::new(info.memory),
                 home,
                 home_candidate: None,
@@ -344,6 +350,24 @@ fn log_backing(
     }
 }
 
+/// Follows the blocks vtismd split (`split_heads`: head, seen split since) through a backing
+/// read that finds `heads` (sorted) mapped huge: a block seen split is marked so; one mapped huge
+/// again after that was collapsed again and is forgotten, as is one still huge at the first read
+/// after its split (the kernel declined it). Returns the blocks collapsed again.
+pub fn follow_splits(split_heads: &mut BTreeMap<Gfn, bool>, heads: &[Gfn]) -> u64 {
+    let mut again = 0;
+    split_heads.retain(|head, seen_split| {
+        let huge = heads.binary_search(head).is_ok();
+        if !huge {
+            *seen_split = true;
+        } else if *seen_split {
+            again += 1;
+        }
+        !huge
+    });
+    again
+}
+
 /// Splits THPs of process `pid`, each by MADV_COLD on one of its 4 KiB pages: the kernel splits
 /// a PMD-mapped THP that an advice covers only in part (mm/madvise.c,
 /// madvise_cold_or_pageout_pte_range, Linux 6.1 and 6.12, anonymous and shmem alike), and the
@@ -471,6 +495,20 @@ impl ManagedVm {
 mod tests {
     use super::*;
     use crate::mtree::MappedRange;
+
+    /// A split block seen split, then huge again, counts once; one the kernel never split is
+    /// forgotten without counting.
+    #[test]
+    fn splits_followed_through_backing_reads() {
+        let mut split: BTreeMap<Gfn, bool> = [(Gfn(512), false), (Gfn(1024), false)].into();
+        // The read after the splits: 512 split, 1024 still huge (declined).
+        assert_eq!(follow_splits(&mut split, &[Gfn(0), Gfn(1024)]), 0);
+        assert_eq!(split, [(Gfn(512), true)].into());
+        assert_eq!(follow_splits(&mut split, &[Gfn(0)]), 0);
+        // khugepaged collapses 512 again.
+        assert_eq!(follow_splits(&mut split, &[Gfn(0), Gfn(512)]), 1);
+        assert!(split.is_empty());
+    }
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixStream;
     use std::path::Path;
