@@ -325,23 +325,8 @@ churn=$(((${m1:-0} - ${m0:-0}) * 2 >> 10))
 [ -n "$m0" ] && [ -n "$m1" ] && [ "$churn" -le 2048 ] &&
 	pass "churn: vm-h moved $churn KiB a minute once converged (bound 2048 KiB a minute: one folio)" ||
 	fail "churn: vm-h moved $churn KiB a minute once converged (from $m0 to $m1 bytes in 30 s; bound 2048)"
-kill "$(cat $W/vm-h.pid)" "$(cat $W/vm-n.pid)"
-vms_named() { [ "$(status_json | python3 -c "import json,sys; print(len([v for v in json.load(sys.stdin)['vms'] if v['name'] in ('vm-h','vm-n')]))")" = 0 ]; }
-check "host tracking: vm-h and vm-n dropped when their QEMUs exit" wait_for 20 vms_named
-kd_gone() { [ "$(cat $DAMON/nr_kdamonds)" = 0 ] && kd_state_is idle; }
-check "host tracking: vtismd removed its kdamond when no VM needed it (nr_kdamonds 0)" wait_for 20 kd_gone
-echo "== host tracking and no-signal checks took $((SECONDS - T2))s"
-
-# The hot set moves: 24 MiB new, quota 32 MiB (30 MiB after the reserve); old frames must make
-# room and the quota must hold at every sample while pages move.
-$H quota $W/vm-a.sampler 0,1 32 25 >"$OUT/quota-a.log" 2>&1 &
-QUOTA=$!
-echo "0x4000+4096,0x6000+2048" >/dev/shm/vtism-vm-a.chan.spec
-check "hot-set change: the new 24 MiB set reaches node 0 within the quota" \
-	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x4000+4096,0x6000+2048 0 2 32 120 hot-only max-rounds=60
-if wait $QUOTA; then pass "quota: $(tail -1 "$OUT/quota-a.log")"; else fail "quota: $(tail -2 "$OUT/quota-a.log" | tr '\n' ' ')"; fi
-
-# Hostile guest: every kind of bad round is rejected and counted; vm-a keep being served.
+# Hostile guest (before the daemon restarts below): every kind of bad round is rejected and
+# counted; vm-a keeps being served.
 wait $HOSTILE
 for r in gfn_out_of_range bad_magic over_budget reserved_entry_bits; do
 	n=$(metric "vtism_hint_rounds_rejected_total\{vm=\"vm-b\",reason=\"$r\"\}")
@@ -363,6 +348,36 @@ EOF
 )
 if [ "${fb:-0}" -gt 0 ]; then pass "hostile: feedback tells the guest ($fb rejected rounds)"; else fail "hostile: feedback rejected_rounds is $fb"; fi
 kill -0 "$(cat $W/vtismd.pid)" && pass "hostile: daemon alive" || fail "hostile: daemon died"
+
+# vtismd killed (-9) while its kdamond runs: the kdamond outlives it, and DAMON's sysfs cannot
+# add another beside it. The next vtismd finds it by its record, turns it off and removes it,
+# then starts its own.
+kpid=$(kd_field kdamond_pid)
+kill -9 "$(cat $W/vtismd.pid)"
+wait_for 10 bash -c "! kill -0 $(cat $W/vtismd.pid)"
+left="nr_kdamonds $(cat $DAMON/nr_kdamonds), state $(cat $DAMON/0/state 2>&1), pid $(cat $DAMON/0/pid 2>&1)"
+start_daemon || fail "daemon restart after kill -9 failed"
+kd_new() { kd_state_is running && [ "$(kd_field kdamond_pid)" != "$kpid" ]; }
+if wait_for 60 kd_new && grep -q "took back the host kdamond a killed vtismd left behind" "$OUT/vtismd.log"; then
+	pass "host tracking: after kill -9 ($left) the next vtismd took its kdamond back and runs a new one (pid $kpid -> $(kd_field kdamond_pid))"
+else
+	fail "host tracking: after kill -9 ($left): state $(kd_field state) ($(kd_field reason)), pid $(kd_field kdamond_pid)"
+fi
+kill "$(cat $W/vm-h.pid)" "$(cat $W/vm-n.pid)"
+vms_named() { [ "$(status_json | python3 -c "import json,sys; print(len([v for v in json.load(sys.stdin)['vms'] if v['name'] in ('vm-h','vm-n')]))")" = 0 ]; }
+check "host tracking: vm-h and vm-n dropped when their QEMUs exit" wait_for 20 vms_named
+kd_gone() { [ "$(cat $DAMON/nr_kdamonds)" = 0 ] && kd_state_is idle; }
+check "host tracking: vtismd removed its kdamond when no VM needed it (nr_kdamonds 0)" wait_for 20 kd_gone
+echo "== host tracking and no-signal checks took $((SECONDS - T2))s"
+
+# The hot set moves: 24 MiB new, quota 32 MiB (30 MiB after the reserve); old frames must make
+# room and the quota must hold at every sample while pages move.
+$H quota $W/vm-a.sampler 0,1 32 25 >"$OUT/quota-a.log" 2>&1 &
+QUOTA=$!
+echo "0x4000+4096,0x6000+2048" >/dev/shm/vtism-vm-a.chan.spec
+check "hot-set change: the new 24 MiB set reaches node 0 within the quota" \
+	$H wait $W/vm-a.harness /dev/shm/vtism-vm-a.chan 0x4000+4096,0x6000+2048 0 2 32 120 hot-only max-rounds=60
+if wait $QUOTA; then pass "quota: $(tail -1 "$OUT/quota-a.log")"; else fail "quota: $(tail -2 "$OUT/quota-a.log" | tr '\n' ' ')"; fi
 
 # Control socket and metrics.
 check "ctl status: table lists vm-a" bash -c "$BIN ctl --socket $W/ctl.sock status | tee /dev/stderr | grep -q '^vm-a '"

@@ -489,6 +489,50 @@ impl Kdamond {
     }
 }
 
+/// What [`reclaim`] did with a kdamond a previous owner recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reclaimed {
+    /// Turned off (if it ran) and its directory removed.
+    Removed,
+    /// Not touched: no longer the kdamond that was recorded, and why.
+    NotOurs(String),
+}
+
+/// Takes back a kdamond that an owner recorded (`index`, its thread's `pid` while it ran, its
+/// `ops`) and did not remove, because it was killed: if it is still that kdamond (the only one,
+/// configured as an owner leaves it, and running as `pid` or off), it is turned off and
+/// `nr_kdamonds` written back to 0. Anything else is someone's since, and left alone.
+pub fn reclaim(root: &Path, index: u64, pid: u32, ops: Ops) -> Result<Reclaimed> {
+    let nr_path = root.join("kdamonds/nr_kdamonds");
+    let nr = read_u64(&nr_path)?;
+    if index != 0 || nr != 1 {
+        return Ok(Reclaimed::NotOurs(format!(
+            "nr_kdamonds is {nr}, the record names kdamond {index}"
+        )));
+    }
+    let dir = root.join("kdamonds/0");
+    let ctx = dir.join("contexts/0");
+    let shaped = read(&dir.join("contexts/nr_contexts")).is_ok_and(|s| s == "1")
+        && read(&ctx.join("operations")).is_ok_and(|s| s == ops.label())
+        && read(&ctx.join("schemes/nr_schemes")).is_ok_and(|s| s == "1")
+        && read(&ctx.join("schemes/0/action")).is_ok_and(|s| s == "stat");
+    if !shaped {
+        return Ok(Reclaimed::NotOurs("configured otherwise".into()));
+    }
+    let on = read(&dir.join("state")).is_ok_and(|s| s == "on");
+    if on {
+        let now: Option<u32> = read(&dir.join("pid")).ok().and_then(|p| p.parse().ok());
+        if now != Some(pid) {
+            return Ok(Reclaimed::NotOurs(format!(
+                "running as pid {now:?}, the record says {pid}"
+            )));
+        }
+        write(&dir.join("state"), "off")?;
+    }
+    write(&nr_path, "0")?;
+    Ok(Reclaimed::Removed)
+}
+
 /// Reads a `tried_regions` directory: numbered subdirectories with `start`, `end`,
 /// `nr_accesses`, `age`, in address order.
 pub fn read_tried_regions(dir: &Path) -> Result<Vec<Region>> {
@@ -568,6 +612,35 @@ mod tests {
     use super::*;
     use crate::testdir::TestDir;
     type PhysRange = AddrRange;
+
+    /// A kdamond its recorded owner left running is turned off and removed; one that runs as
+    /// another pid, or is configured otherwise, is not touched.
+    #[test]
+    fn a_recorded_kdamond_is_reclaimed_only_if_still_the_one_recorded() {
+        let d = fake(1);
+        d.write("kdamonds/0/contexts/nr_contexts", "1\n");
+        d.write("kdamonds/0/contexts/0/operations", "fvaddr\n");
+        d.write("kdamonds/0/contexts/0/schemes/nr_schemes", "1\n");
+        d.write("kdamonds/0/contexts/0/schemes/0/action", "stat\n");
+        d.write("kdamonds/0/state", "on\n");
+        d.write("kdamonds/0/pid", "4242\n");
+        let nr = || std::fs::read_to_string(d.path().join("kdamonds/nr_kdamonds")).unwrap();
+        let state = || std::fs::read_to_string(d.path().join("kdamonds/0/state")).unwrap();
+        assert!(matches!(
+            reclaim(d.path(), 0, 4243, Ops::Fvaddr).unwrap(),
+            Reclaimed::NotOurs(_)
+        ));
+        assert!(matches!(
+            reclaim(d.path(), 0, 4242, Ops::Paddr).unwrap(),
+            Reclaimed::NotOurs(_)
+        ));
+        assert_eq!((nr().trim(), state().trim()), ("1", "on"));
+        assert_eq!(
+            reclaim(d.path(), 0, 4242, Ops::Fvaddr).unwrap(),
+            Reclaimed::Removed
+        );
+        assert_eq!((nr().trim(), state().trim()), ("0", "off"));
+    }
 
     /// A fake admin tree with `nr_kdamonds` and, for kdamond 0, the files the agent writes.
     fn fake(nr: u64) -> TestDir {

@@ -11,7 +11,7 @@ use crate::batch::{CallSettings, VmTarget};
 use crate::channels::Channels;
 use crate::config::{Config, HostTrackingMode, NotManaged, PoolModeConfig};
 use crate::discovery::{Discovery, Found};
-use crate::host_tracking::{HostTracking, TrackedVm};
+use crate::host_tracking::{self, HostTracking, TrackedVm};
 use crate::metrics::{
     reason_label, DaemonStatus, MoverHistograms, NodeStatus, PerDirection, PoolStatus, Published,
     QuotaChangeStatus, Status, TrackerStatus, VmStatus,
@@ -145,7 +145,10 @@ impl Daemon {
         let mover = start_mover(&cfg, &topo);
         let histograms = MoverHistograms::default();
         let (ctl_tx, ctl_rx) = mpsc::channel();
-        let host_tracking = HostTracking::new(&cfg.host_tracking);
+        // Next to the control socket, in vtismd's own runtime directory.
+        let kdamond_record = cfg.daemon.control_socket.with_file_name("host-kdamond");
+        host_tracking::reclaim_left_behind(&cfg.host_tracking, &kdamond_record);
+        let host_tracking = HostTracking::new(&cfg.host_tracking, kdamond_record);
         let mut d = Daemon {
             tiering: Tiering::new(engine, pool),
             cfg,

@@ -13,7 +13,7 @@ use crate::config::HostTrackingConfig;
 use crate::mtree::GuestMemory;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -83,6 +83,8 @@ pub struct VmHostTracking {
 }
 
 pub struct HostTracking {
+    /// Where the thread records the kdamond it runs (`reclaim_left_behind`).
+    record: PathBuf,
     shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -97,8 +99,11 @@ fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 }
 
 impl HostTracking {
-    pub fn new(cfg: &HostTrackingConfig) -> HostTracking {
+    /// `record`: the file naming the kdamond while it runs, so that a vtismd started after this
+    /// one was killed can take it back (`reclaim_left_behind`).
+    pub fn new(cfg: &HostTrackingConfig, record: PathBuf) -> HostTracking {
         HostTracking {
+            record,
             shared: Arc::new(Mutex::new(Shared {
                 status: KdamondStatus {
                     state: "idle",
@@ -122,7 +127,7 @@ impl HostTracking {
             // New attributes: a new kdamond (the old one is removed by its thread).
             self.shutdown();
             let per_vm = std::mem::take(&mut self.per_vm);
-            *self = HostTracking::new(cfg);
+            *self = HostTracking::new(cfg, self.record.clone());
             self.per_vm = per_vm;
         }
         wanted.sort_by_key(|t| t.vm);
@@ -160,9 +165,10 @@ impl HostTracking {
         }
         if self.thread.is_none() && !ids.is_empty() {
             let (shared, stop, cfg) = (self.shared.clone(), self.stop.clone(), self.cfg.clone());
+            let record = self.record.clone();
             match std::thread::Builder::new()
                 .name("vtism-damon".into())
-                .spawn(move || run(&shared, &stop, &cfg))
+                .spawn(move || run(&shared, &stop, &cfg, &record))
             {
                 Ok(h) => self.thread = Some(h),
                 Err(e) => {
@@ -338,8 +344,53 @@ fn pause(stop: &AtomicBool, d: Duration) -> bool {
     !stop.load(Ordering::SeqCst)
 }
 
+/// Takes back the kdamond a vtismd killed before it could remove it left running (its record
+/// says which), at start: otherwise DAMON stays busy with it and host tracking waits forever.
+/// A kdamond that is no longer the one recorded is someone else's and left alone.
+pub fn reclaim_left_behind(cfg: &HostTrackingConfig, record: &Path) {
+    let Ok(text) = std::fs::read_to_string(record) else {
+        return;
+    };
+    let mut it = text.split_whitespace().map(str::parse::<u64>);
+    match (it.next(), it.next()) {
+        (Some(Ok(index)), Some(Ok(pid))) => {
+            match damon::reclaim(&cfg.damon_root, index, pid as u32, Ops::Fvaddr) {
+                Ok(damon::Reclaimed::Removed) => info!(
+                    kdamond = index,
+                    pid, "took back the host kdamond a killed vtismd left behind: off and removed"
+                ),
+                Ok(damon::Reclaimed::NotOurs(why)) => info!(
+                    kdamond = index, pid, why = %why,
+                    "the host kdamond recorded by a previous vtismd is gone: left alone"
+                ),
+                Err(e) => warn!(error = %format!("{e:#}"), "taking back the host kdamond"),
+            }
+        }
+        _ => warn!(path = %record.display(), "unreadable host kdamond record: ignored"),
+    }
+    forget(record);
+}
+
+/// Records the running kdamond (`reclaim_left_behind`).
+fn remember(record: &Path, k: &Kdamond) {
+    let text = format!("{} {}\n", k.index(), k.pid().unwrap_or(0));
+    if let Err(e) = std::fs::write(record, text) {
+        warn!(path = %record.display(), error = %e, "cannot record the host kdamond");
+    }
+}
+
+fn forget(record: &Path) {
+    match std::fs::remove_file(record) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            warn!(path = %record.display(), error = %e, "cannot remove the host kdamond record")
+        }
+    }
+}
+
 /// The thread: owns the kdamond from creation to removal.
-fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig) {
+fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig, record: &Path) {
     let root = cfg.damon_root.as_path();
     let retry = Duration::from_millis(cfg.busy_retry_ms);
     let report = Duration::from_millis(cfg.report_interval_ms);
@@ -355,6 +406,7 @@ fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig) {
                 if let Err(e) = k.remove_even_if_stopped() {
                     warn!(error = %format!("{e:#}"), "removing the host kdamond");
                 }
+                forget(record);
             }
             set_status(shared, "idle", None);
             pause(stop, Duration::from_millis(100));
@@ -364,6 +416,7 @@ fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig) {
             match start(root, &targets, cfg) {
                 Ok(k) => {
                     applied = generation;
+                    remember(record, &k);
                     let mut sh = lock(shared);
                     sh.status.kdamond = Some(k.index());
                     sh.status.kdamond_pid = k.pid();
@@ -382,10 +435,12 @@ fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig) {
             match k.restart_with(&damon_targets(&targets)) {
                 Ok(None) => {
                     applied = generation;
+                    remember(record, k);
                     lock(shared).status.kdamond_pid = k.pid();
                 }
                 Ok(Some(busy)) => {
                     kd = None;
+                    forget(record);
                     set_status(shared, "waiting", Some(busy.to_string()));
                     pause(stop, retry);
                     continue;
@@ -400,6 +455,7 @@ fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig) {
                 Err(e) => {
                     // No longer as we left it: not ours to touch again.
                     kd = None;
+                    forget(record);
                     set_status(
                         shared,
                         "waiting",
@@ -432,6 +488,7 @@ fn run(shared: &Mutex<Shared>, stop: &AtomicBool, cfg: &HostTrackingConfig) {
         if let Err(e) = k.remove_even_if_stopped() {
             warn!(error = %format!("{e:#}"), "removing the host kdamond");
         }
+        forget(record);
     }
 }
 
@@ -570,7 +627,10 @@ mod tests {
             busy_retry_ms: 100,
             ..Default::default()
         };
-        let mut h = HostTracking::new(&cfg);
+        let mut h = HostTracking::new(
+            &cfg,
+            std::env::temp_dir().join(format!("vtism-test-kdamond-{}", std::process::id())),
+        );
         let a = TrackedVm::new(VmId(1), 100, &memory());
         let b = TrackedVm::new(VmId(2), 200, &memory());
         h.set_targets(vec![a, b], &cfg);
