@@ -181,8 +181,8 @@ pub struct SparseFolio {
 /// may leave out a level-0 entry. Entries are not validated here: one that is not a 2 MiB
 /// entry's head passes unchanged for the engine to refuse.
 ///
-/// With `hot_count` (rate levels only), folios with at least one frame hinted at that count or
-/// more but fewer than half of them go to `sparse`.
+/// With `hot_count` (`Tables::hot_count` of `counts`), folios with at least one frame hinted at
+/// that count or more, but fewer than half of their frames, go to `sparse`.
 pub fn fold_into_folios(
     entries: &[HintEntry],
     folios: &HostFolios,

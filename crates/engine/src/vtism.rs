@@ -526,18 +526,10 @@ impl VtismPolicy {
                 }
             }
         }
+        let ram = &v.spec.ram;
         v.held = new
             .partial_heads()
-            .flat_map(|head| {
-                let block = GfnRange::new(head, Gfn(head.0 + HUGE_FRAMES));
-                v.spec.ram.index_spans().filter_map(move |(r, first)| {
-                    let (a, b) = (r.start.0.max(block.start.0), r.end.0.min(block.end.0));
-                    (a < b).then(|| {
-                        let at = (first + (a - r.start.0)) as usize;
-                        at..at + (b - a) as usize
-                    })
-                })
-            })
+            .flat_map(|head| dense_ranges(ram, GfnRange::new(head, Gfn(head.0 + HUGE_FRAMES))))
             .collect();
         v.host_folios = new;
         v.dirty = true;
@@ -570,17 +562,10 @@ impl VtismPolicy {
     ) -> Result<u64, EngineError> {
         let p = self.vm_pos(vm)?;
         let v = &mut self.vms[p];
+        let ram = &v.spec.ram;
         let mut pinned: Vec<std::ops::Range<usize>> = ranges
             .into_iter()
-            .flat_map(|g| {
-                v.spec.ram.index_spans().filter_map(move |(r, first)| {
-                    let (a, b) = (r.start.0.max(g.start.0), r.end.0.min(g.end.0));
-                    (a < b).then(|| {
-                        let at = (first + (a - r.start.0)) as usize;
-                        at..at + (b - a) as usize
-                    })
-                })
-            })
+            .flat_map(|g| dense_ranges(ram, g))
             .collect();
         pinned.sort_by_key(|r| r.start);
         let frames = pinned.iter().map(|r| r.len() as u64).sum();
@@ -1022,6 +1007,17 @@ impl NodeFree {
     fn give_later(&mut self, n: NodeId, f: i64) {
         self.later[n.0 as usize] += f;
     }
+}
+
+/// The dense frame indices of `g`'s RAM, one range per RAM range it meets.
+fn dense_ranges(ram: &RamMap, g: GfnRange) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    ram.index_spans().filter_map(move |(r, first)| {
+        let (a, b) = (r.start.0.max(g.start.0), r.end.0.min(g.end.0));
+        (a < b).then(|| {
+            let at = (first + (a - r.start.0)) as usize;
+            at..at + (b - a) as usize
+        })
+    })
 }
 
 /// Takes the VM's pinned frames out of the key histograms (`hf` fast, `hs` slow): the planner
