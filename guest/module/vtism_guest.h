@@ -251,6 +251,7 @@ struct vt_stats {
 	u64 last_sweep_gap_ms;	/* from its start to the start of the next sweep */
 	u64 region_burst_us;	/* the estimate of one region's burst CPU that sizes bursts */
 	u64 overdraw_us;	/* largest debt seen lately, kept out of the bank (vt_bank) */
+	u64 debt_us;		/* CPU spent beyond the budget and not yet repaid, at the last round */
 	u64 track_alloc_fail;
 	u64 fb_entry_budget;	/* last host feedback seen */
 	u64 fb_min_interval_ms;

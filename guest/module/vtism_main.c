@@ -219,6 +219,7 @@ static struct vt_stat_attr vt_stat_attrs[] = {
 	VT_STAT(last_sweep_bound_ms, vt_stats.last_sweep_bound_ms),
 	VT_STAT(region_burst_us, vt_stats.region_burst_us),
 	VT_STAT(overdraw_us, vt_stats.overdraw_us),
+	VT_STAT(debt_us, vt_stats.debt_us),
 	VT_STAT(track_alloc_fail, vt_stats.track_alloc_fail),
 	VT_STAT(feedback_entry_budget, vt_stats.fb_entry_budget),
 	VT_STAT(feedback_min_interval_ms, vt_stats.fb_min_interval_ms),
@@ -801,6 +802,8 @@ static void vt_round(struct vt_loop *l)
 	memset(&tr->c, 0, sizeof(tr->c));
 	WRITE_ONCE(vt_stats.elapsed_us, div_u64(l->now - l->start, NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.cpu_us, div_u64(l->cpu - l->cpu0, NSEC_PER_USEC));
+	/* with cpu_us and elapsed_us, of the same moment (vt_account) */
+	WRITE_ONCE(vt_stats.debt_us, l->credit_ns < 0 ? div_u64(-l->credit_ns, NSEC_PER_USEC) : 0);
 	WRITE_ONCE(vt_stats.last_round_cpu_us, ri.cpu_us);
 	WRITE_ONCE(vt_stats.last_publish_us, div_u64(pub_ns, NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.max_publish_us,

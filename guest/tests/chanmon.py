@@ -297,6 +297,7 @@ class Monitor:
         self.ch = Channel(self.a.channel)
         open(self.a.serial, "wb").close()
         qemu = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        self.qemu_pid = qemu.pid
         deadline = time.monotonic() + self.a.timeout
         timed_out = False
         with open(self.a.serial, "rb") as f:

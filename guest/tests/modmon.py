@@ -14,6 +14,7 @@ Prints "INFO <label>/<name>: ..." lines with measurements, then one "PASS <label
 "FAIL <label>/<check>: ..." line per check; exits non-zero if any check failed.
 """
 import argparse
+import os
 import re
 import statistics
 import struct
@@ -34,8 +35,22 @@ class ModuleMonitor(chanmon.Monitor):
         self.idle = set()
         self.notes = []
         self.quota_written = {}
+        self.host_wait = {}
 
     # ---- while the guest runs ----
+    def host_run_delay_us(self):
+        """How long QEMU's threads have waited on the host's run queues (schedstat), in us:
+        time the guest's clock runs while its vCPUs do not, which TCG (no steal time) charges to
+        whatever the guest was running."""
+        total = 0
+        try:
+            for tid in os.listdir("/proc/%d/task" % self.qemu_pid):
+                with open("/proc/%d/task/%s/schedstat" % (self.qemu_pid, tid)) as f:
+                    total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError, AttributeError):
+            return None
+        return total // 1000
+
     def write_quota(self, quota):
         """The host's fast_quota_bytes (0x820), under the feedback seqlock."""
         mm = self.ch.mm
@@ -49,6 +64,9 @@ class ModuleMonitor(chanmon.Monitor):
         return len(self.truth.hot()) * 4096
 
     def on_line(self, line):
+        m = re.match(r"VTSTAT (\S+) ", line)
+        if m and m.group(1) not in self.host_wait:
+            self.host_wait[m.group(1)] = self.host_run_delay_us()
         m = re.match(r"VTGT idle (\d+) (\d+)$", line)
         if m:
             first, n = int(m.group(1)), int(m.group(2))
@@ -250,16 +268,22 @@ class ModuleMonitor(chanmon.Monitor):
                                         wc[1] / 1e3))
 
     def check_budget(self):
-        """Tracker CPU / elapsed within cpu_budget_bp (plus the 1 s of budget it may bank)."""
+        """Tracker CPU / elapsed within cpu_budget_bp plus the 1 s of budget it may bank, over
+        phases that end at a round where the tracker owed nothing (guest-init's stats_repaid).
+        A step is paid before its cost is known, and under TCG a host preemption inside one is
+        charged to it as CPU, so credit can fall below zero; the debt is repaid by sleeping
+        before more work. Its CPU, its clock and its debt are reported for the same moment."""
         rows = []
         for a, b in (("steady-start", "steady"), ("quota-wide-start", "quota-wide"),
                      ("noprune-start", "noprune"), ("budget1-start", "budget1")):
             cpu, el = self.delta(a, b, "cpu_us"), self.delta(a, b, "elapsed_us")
-            bp = self.stat(b, "param_cpu_budget_bp")
-            if cpu is None or not el or bp is None:
+            bp, debt = self.stat(b, "param_cpu_budget_bp"), self.stat(b, "debt_us")
+            if cpu is None or not el or bp is None or debt is None:
                 continue
-            rows.append((a, cpu, el, bp, cpu <= bp / 1e4 * (el + 1e6),
-                         self.stat(b, "overdraw_us")))
+            hw = self.host_wait.get(a), self.host_wait.get(b)
+            rows.append((a, cpu, el, bp, debt == 0 and cpu <= bp / 1e4 * (el + 1e6), debt,
+                         self.stat(b, "overdraw_us"),
+                         None if None in hw else hw[1] - hw[0]))
         waits = self.delta("budget1-start", "budget1", "budget_waits")
         bursts = self.delta("budget1-start", "budget1", "bursts")
         cw = self.delta("budget1-start", "budget1", "coarse_windows")
@@ -288,10 +312,11 @@ class ModuleMonitor(chanmon.Monitor):
                                                         (tel or 0) / 1e6))
         self.check("cpu-budget", len(rows) == 4 and all(r[4] for r in rows),
                    "; ".join("%s: %.1f ms of CPU in %.1f s = %.2f%% of a vCPU (budget %.2f%%, "
-                             "overdraw %s us)" % (
+                             "debt at its end %s us, largest lately %s us; QEMU's threads "
+                             "waited %s ms on the host's run queues)" % (
                                  a.replace("-start", ""), cpu / 1e3, el / 1e6, 100.0 * cpu / el,
-                                 bp / 100, od)
-                             for a, cpu, el, bp, _, od in rows) or "no statistics")
+                                 bp / 100, debt, od, "?" if hw is None else hw // 1000)
+                             for a, cpu, el, bp, _, debt, od, hw in rows) or "no statistics")
         w = self.delta("steady-start", "steady", "fine_windows")
         c = self.delta("steady-start", "steady", "coarse_windows")
         cpu = self.delta("steady-start", "steady", "cpu_us")
