@@ -12,6 +12,7 @@
 //! - [`round`]: one tiering round (pool, plan, rate allowances, placement facts), the same for
 //!   the daemon and the simulator.
 //! - [`allowance`]: a plan cut to per-VM rate allowances, quota-safe.
+//! - [`limits`]: the round's cadence and move rate limits (token buckets on the caller's clock).
 //! - [`placement`]: placement facts and the one coalescer that makes runs of them.
 //! - [`plan`]: moves in a quota-safe execution order, with statistics.
 //! - [`synth`]: seeded synthetic workloads for tests, benchmarks and the demo.
@@ -19,6 +20,7 @@
 pub mod allowance;
 pub mod folio;
 pub mod hotness;
+pub mod limits;
 pub mod params;
 pub mod placement;
 pub mod plan;
@@ -32,6 +34,7 @@ pub mod vtism;
 
 pub use allowance::{cut_to_allowances, trim_after_demote, Allowances, Cut};
 pub use folio::HostFolios;
+pub use limits::{MoveLimits, RoundLimits, TokenBucket};
 pub use params::{EngineParams, ParamError};
 pub use placement::{coalesce, Coalescer, PlacementRun};
 pub use plan::{Direction, Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};

@@ -1,6 +1,7 @@
 //! One tiering round, driven identically by the daemon (`vtism host`) and the simulator
-//! (`vtism sim`, the `vtism-pool` and `vtism-island` policies): the engine and the fast-memory
-//! pool behind one set of calls, with no I/O.
+//! (`vtism sim`, its `vtism`, `vtism-island` and `vtism-pool` policies): the engine and the
+//! fast-memory pool behind one set of calls, with no I/O. Both read a round's budget and
+//! allowances from the same move limits ([`crate::limits`]).
 //!
 //! The driver gathers facts and carries out moves; [`Tiering`] decides:
 //! - VMs come and go ([`Tiering::add_vm`], [`Tiering::remove_vm`], [`Tiering::reregister_vm`]),

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use vtism_engine::{EngineParams, Nanos, NodeId, PoolMode, PoolParams, VmLimits};
+use vtism_engine::{EngineParams, Nanos, NodeId, PoolMode, PoolParams, RoundLimits, VmLimits};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -168,7 +168,7 @@ pub struct DaemonConfig {
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
-            interval_ms: 1000,
+            interval_ms: RoundLimits::DEFAULT.interval_ms,
             control_socket: PathBuf::from("/run/vtism/vtismd.sock"),
             metrics_listen: "127.0.0.1:9464".into(),
             log_format: LogFormat::Text,
@@ -297,8 +297,8 @@ impl Default for ChannelConfig {
     }
 }
 
-/// The default per-VM move limit, MB/s: a quarter of the default global one (1024).
-pub const DEFAULT_VM_MBPS: u64 = 256;
+/// The default per-VM move limit, MB/s: the engine's (a quarter of the default global one).
+pub const DEFAULT_VM_MBPS: u64 = RoundLimits::DEFAULT.vm_promote_mbps;
 
 /// Upper bounds of the numeric fields without a natural one: far above any real setting, low
 /// enough that no arithmetic on them overflows and no wait they set stalls the daemon.
@@ -347,10 +347,10 @@ impl Default for MoverConfig {
     fn default() -> Self {
         MoverConfig {
             batch_pages: 4096,
-            promote_mbps: 1024,
-            demote_mbps: 1024,
+            promote_mbps: RoundLimits::DEFAULT.promote_mbps,
+            demote_mbps: RoundLimits::DEFAULT.demote_mbps,
             vm_promote_mbps: DEFAULT_VM_MBPS,
-            vm_demote_mbps: DEFAULT_VM_MBPS,
+            vm_demote_mbps: RoundLimits::DEFAULT.vm_demote_mbps,
             busy_retries: 2,
             busy_retry_delay_ms: 5,
             move_all: false,

@@ -691,8 +691,7 @@ impl Daemon {
         let window = Duration::from_millis(self.cfg.daemon.interval_ms);
         let (budget, allowances) = {
             let mut l = self.mover.limits.lock().unwrap_or_else(|e| e.into_inner());
-            let now = Instant::now();
-            (l.budget(window, now), l.vm_allowances(window, now))
+            l.round_inputs(window, Instant::now())
         };
         let ctx = PlanContext {
             node_free_bytes: &free,

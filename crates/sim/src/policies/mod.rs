@@ -4,26 +4,27 @@
 //! listed in docs/evaluation.md.
 
 mod autotiering;
+mod daemon_round;
 mod hemem;
 mod hmmv;
 mod memtis;
 mod oracle;
-mod pooled;
 mod tpp;
 
 use crate::mechanism::{HintFaultScanner, NoTracker, OracleFeed, PebsSampler, PmlScanner, Tracker};
 use crate::sim::{MoveMode, PolicyRun, Setup, Static, FAST, SLOW};
 use vtism_engine::{
-    EngineError, FrameAccess, IngestStats, Move, MoveKind, NodeId, Phase, VmId, VmSpec, VtismPolicy,
+    EngineError, FrameAccess, IngestStats, Move, MoveKind, NodeId, Phase, RoundLimits, VmId,
+    VmSpec, VtismPolicy,
 };
 use vtism_proto::{Gfn, PageType};
 
 pub use autotiering::AutoTiering;
+pub use daemon_round::DaemonRound;
 pub use hemem::HeMem;
 pub use hmmv::HmmV;
 pub use memtis::Memtis;
 pub use oracle::Oracle;
-pub use pooled::PooledVtism;
 pub use tpp::{Tpp, TppMode};
 
 /// Policy names, in table order, with a one-line description.
@@ -38,7 +39,7 @@ pub const POLICIES: &[(&str, &str)] = &[
     ),
     (
         "vtism",
-        "the vtism engine fed by the guest A-bit tracker with the adaptive interval",
+        "vtism as shipped: the guest module's tracker, vtismd's round every second within its move limits",
     ),
     (
         "vtism-island",
@@ -137,27 +138,17 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
             r.all_fast = name == "all-fast";
             r
         }
-        "vtism" => run(
-            name,
-            Box::new(vtism_engine()?),
-            per_vm(&guest_scanner),
-            Unmap,
-            Unmap,
-        ),
-        "vtism-island" | "vtism-pool" => {
+        // vtismd's round at its cadence and limits: every VM at its own quota (island mode),
+        // or quotas following hot sets (pool mode).
+        "vtism" | "vtism-island" | "vtism-pool" => {
             let fast: u64 = setup.specs.iter().map(|s| s.fast_quota_bytes).sum();
-            let (label, mode) = if name == "vtism-pool" {
-                ("vtism-pool", vtism_engine::PoolMode::Pool)
-            } else {
-                ("vtism-island", vtism_engine::PoolMode::Island)
+            let (label, mode) = match name {
+                "vtism" => ("vtism", vtism_engine::PoolMode::Island),
+                "vtism-pool" => ("vtism-pool", vtism_engine::PoolMode::Pool),
+                _ => ("vtism-island", vtism_engine::PoolMode::Island),
             };
-            run(
-                name,
-                Box::new(PooledVtism::new(label, vtism_engine()?, mode, fast)?),
-                per_vm(&guest_scanner),
-                Unmap,
-                Unmap,
-            )
+            let round = DaemonRound::new(label, vtism_engine()?, mode, fast, RoundLimits::DEFAULT)?;
+            run(name, Box::new(round), per_vm(&guest_scanner), Unmap, Unmap)
         }
         "oracle" => run(
             name,

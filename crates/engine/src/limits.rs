@@ -1,0 +1,252 @@
+//! Move rate limits on the caller's clock: token buckets in bytes per direction, global (they
+//! bound each round's plan) and per VM (they cut each VM's share of a round, and pace its
+//! moves). vtismd and the simulator keep the same buckets and read a round's inputs from them
+//! the same way ([`MoveLimits::round_inputs`]).
+
+use crate::allowance::Allowances;
+use crate::plan::Direction;
+use crate::types::{Nanos, VmId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The daemon's round cadence and move limits, with their defaults: what `vtismd` runs unless
+/// its configuration says otherwise, and what `vtism sim` runs vtism with.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoundLimits {
+    /// A tiering round every this many ms.
+    pub interval_ms: u64,
+    /// Global limits, MB/s (10^6 bytes) per direction; 0 = unlimited.
+    pub promote_mbps: u64,
+    pub demote_mbps: u64,
+    /// Each VM's own limits, MB/s per direction; 0 = unlimited. A quarter of the global ones.
+    pub vm_promote_mbps: u64,
+    pub vm_demote_mbps: u64,
+}
+
+impl RoundLimits {
+    pub const DEFAULT: RoundLimits = RoundLimits {
+        interval_ms: 1000,
+        promote_mbps: 1024,
+        demote_mbps: 1024,
+        vm_promote_mbps: 256,
+        vm_demote_mbps: 256,
+    };
+}
+
+impl Default for RoundLimits {
+    fn default() -> Self {
+        RoundLimits::DEFAULT
+    }
+}
+
+/// A token bucket in bytes. A rate of 0 is unlimited. Burst: one second of rate.
+#[derive(Clone, Debug)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Nanos,
+}
+
+impl TokenBucket {
+    /// `mbps`: 10^6 bytes per second; 0 = unlimited. Starts full.
+    pub fn new(mbps: u64, now: Nanos) -> TokenBucket {
+        let rate = mbps as f64 * 1e6;
+        TokenBucket {
+            rate,
+            burst: rate,
+            tokens: rate,
+            last: now,
+        }
+    }
+    pub fn unlimited(&self) -> bool {
+        self.rate == 0.0
+    }
+    /// Bytes per second.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+    fn refill(&mut self, now: Nanos) {
+        let dt = now.saturating_sub(self.last).as_secs_f64();
+        self.last = self.last.max(now);
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+    }
+    /// Bytes available now (u64::MAX when unlimited).
+    pub fn available(&mut self, now: Nanos) -> u64 {
+        if self.unlimited() {
+            return u64::MAX;
+        }
+        self.refill(now);
+        self.tokens.max(0.0) as u64
+    }
+    /// Takes `bytes` and returns how long the caller must wait before using them: the bucket may
+    /// go into debt, so a batch larger than the burst still goes through at the average rate.
+    pub fn take(&mut self, bytes: u64, now: Nanos) -> Nanos {
+        if self.unlimited() {
+            return Nanos(0);
+        }
+        self.refill(now);
+        self.tokens -= bytes as f64;
+        self.debt_wait(self.tokens)
+    }
+    /// How long a `take(bytes)` now would have to wait, without taking.
+    pub fn wait_for(&mut self, bytes: u64, now: Nanos) -> Nanos {
+        if self.unlimited() {
+            return Nanos(0);
+        }
+        self.refill(now);
+        self.debt_wait(self.tokens - bytes as f64)
+    }
+    fn debt_wait(&self, left: f64) -> Nanos {
+        if left >= 0.0 {
+            Nanos(0)
+        } else {
+            Nanos((-left / self.rate * 1e9).ceil() as u64)
+        }
+    }
+    pub fn set_rate(&mut self, mbps: u64, now: Nanos) {
+        self.refill(now);
+        self.rate = mbps as f64 * 1e6;
+        self.burst = self.rate;
+        self.tokens = self.tokens.min(self.burst);
+    }
+    /// Bytes it allows over `window` from now: what it holds plus what it earns meanwhile.
+    fn over(&mut self, window: Nanos, now: Nanos) -> u64 {
+        let avail = self.available(now) as f64 + self.rate * window.as_secs_f64();
+        avail as u64
+    }
+}
+
+/// Global and per-VM buckets, per direction ([`Direction`] order).
+#[derive(Clone, Debug)]
+pub struct MoveLimits {
+    global: [TokenBucket; 2],
+    per_vm: BTreeMap<VmId, [TokenBucket; 2]>,
+}
+
+fn pair(promote_mbps: u64, demote_mbps: u64, now: Nanos) -> [TokenBucket; 2] {
+    [
+        TokenBucket::new(promote_mbps, now),
+        TokenBucket::new(demote_mbps, now),
+    ]
+}
+
+impl MoveLimits {
+    pub fn new(promote_mbps: u64, demote_mbps: u64, now: Nanos) -> MoveLimits {
+        MoveLimits {
+            global: pair(promote_mbps, demote_mbps, now),
+            per_vm: BTreeMap::new(),
+        }
+    }
+    pub fn set_global(&mut self, promote_mbps: u64, demote_mbps: u64, now: Nanos) {
+        self.global[0].set_rate(promote_mbps, now);
+        self.global[1].set_rate(demote_mbps, now);
+    }
+    pub fn set_vm(&mut self, vm: VmId, promote_mbps: u64, demote_mbps: u64, now: Nanos) {
+        match self.per_vm.get_mut(&vm) {
+            Some(b) => {
+                b[0].set_rate(promote_mbps, now);
+                b[1].set_rate(demote_mbps, now);
+            }
+            None => {
+                self.per_vm.insert(vm, pair(promote_mbps, demote_mbps, now));
+            }
+        }
+    }
+    pub fn remove_vm(&mut self, vm: VmId) {
+        self.per_vm.remove(&vm);
+    }
+    /// Takes bytes from the global and the VM's bucket; returns the wait.
+    pub fn take(&mut self, vm: VmId, dir: Direction, bytes: u64, now: Nanos) -> Nanos {
+        let i = dir as usize;
+        let g = self.global[i].take(bytes, now);
+        let v = self
+            .per_vm
+            .get_mut(&vm)
+            .map_or(Nanos(0), |b| b[i].take(bytes, now));
+        g.max(v)
+    }
+    /// True if a VM's own bucket would make a batch wait now (the global buckets are shared,
+    /// so waiting on them is fair to everyone).
+    pub fn vm_throttled(&mut self, vm: VmId, dir: Direction, bytes: u64, now: Nanos) -> bool {
+        self.per_vm
+            .get_mut(&vm)
+            .is_some_and(|b| b[dir as usize].wait_for(bytes, now) > Nanos(0))
+    }
+    /// Bytes each VM with its own limits may move over `window` from now, per direction: the
+    /// round cuts each VM's share of the plan to this.
+    pub fn vm_allowances(&mut self, window: Nanos, now: Nanos) -> Allowances {
+        let mut out = Allowances::new();
+        for (vm, b) in self.per_vm.iter_mut() {
+            for (i, dir) in Direction::ALL.into_iter().enumerate() {
+                if !b[i].unlimited() {
+                    out.insert((*vm, dir), b[i].over(window, now));
+                }
+            }
+        }
+        out
+    }
+    /// Bytes the global buckets allow over `window` from now: the plan budget. `None` when both
+    /// directions are unlimited.
+    pub fn budget(&mut self, window: Nanos, now: Nanos) -> Option<u64> {
+        let mut total = 0u64;
+        for b in self.global.iter_mut() {
+            if b.unlimited() {
+                return None;
+            }
+            total = total.saturating_add(b.over(window, now));
+        }
+        Some(total)
+    }
+    /// A round's inputs over the `window` until the next one: the plan budget and the per-VM
+    /// allowances.
+    pub fn round_inputs(&mut self, window: Nanos, now: Nanos) -> (Option<u64>, Allowances) {
+        (self.budget(window, now), self.vm_allowances(window, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn bucket_rates_and_debt() {
+        let t0 = Nanos(5 * S);
+        let mut b = TokenBucket::new(1, t0); // 1 MB/s, burst 1 MB
+        assert_eq!(b.available(t0), 1_000_000);
+        assert_eq!(b.take(500_000, t0), Nanos(0));
+        // 1.5 MB more: 1 MB of debt = 1 s wait.
+        assert_eq!(b.take(1_500_000, t0), Nanos(S));
+        // Refills to the burst, no further.
+        assert_eq!(b.available(Nanos(8 * S)), 1_000_000);
+        // A clock read earlier than the last one earns nothing and loses nothing.
+        assert_eq!(b.available(Nanos(7 * S)), 1_000_000);
+        let mut u = TokenBucket::new(0, t0);
+        assert_eq!(u.take(u64::MAX, t0), Nanos(0));
+        assert_eq!(u.available(t0), u64::MAX);
+    }
+
+    #[test]
+    fn limits_take_the_stricter_of_global_and_vm() {
+        let t0 = Nanos(0);
+        let mut l = MoveLimits::new(100, 0, t0);
+        l.set_vm(VmId(1), 1, 0, t0);
+        assert_eq!(l.take(VmId(1), Direction::Promote, 1_000_000, t0), Nanos(0));
+        let w = l.take(VmId(1), Direction::Promote, 1_000_000, t0);
+        assert!(w >= Nanos(999_000_000), "{w:?}");
+        assert!(l.vm_throttled(VmId(1), Direction::Promote, 1, t0));
+        // Another VM only sees the global bucket (98 MB left).
+        assert_eq!(l.take(VmId(2), Direction::Promote, 1_000_000, t0), Nanos(0));
+        assert!(!l.vm_throttled(VmId(2), Direction::Promote, 1, t0));
+        assert_eq!(l.budget(Nanos(S), t0), None, "demote unlimited");
+        let mut l2 = MoveLimits::new(10, 10, t0);
+        assert_eq!(l2.budget(Nanos(S), t0), Some(40_000_000));
+        // The allowance of a VM with its own limit: what is left now plus one window of rate.
+        let (_, a) = l.round_inputs(Nanos(S), t0);
+        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&1_000_000));
+        assert_eq!(a.get(&(VmId(1), Direction::Demote)), None, "unlimited");
+        assert_eq!(a.get(&(VmId(2), Direction::Promote)), None, "no own limit");
+    }
+}
