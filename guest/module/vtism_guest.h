@@ -2,15 +2,17 @@
 /*
  * vtism_guest: internal interfaces between the thread and its schedule (vtism_main.c), the
  * page-table passes (vtism_scan.c), the region table (vtism_regions.c), the rate estimates and
- * publication (vtism_track.c) and the fixed-point rate arithmetic (vtism_rate.c).
+ * publication (vtism_track.c), the fixed-point rate arithmetic (vtism_rate.c) and the CPU
+ * budget (vtism_budget.c).
  * docs/guest.md describes the tracker these implement.
  */
 #ifndef VTISM_GUEST_H
 #define VTISM_GUEST_H
 
 /*
- * With VT_RATE_USERSPACE only the rate section below is declared, for the user-space test and
- * benchmark of vtism_rate.c (which provide u64, s64, u32, fls64, min_t, max_t, clamp_t).
+ * With VT_RATE_USERSPACE only the rate and budget sections below are declared, for the
+ * user-space builds of vtism_rate.c and vtism_budget.c (vtism_rate_user.h provides the types
+ * and helpers).
  */
 #ifndef VT_RATE_USERSPACE
 #include <linux/bits.h>
@@ -58,6 +60,25 @@ s64 vt_published_code(unsigned int code, s64 follow, unsigned int region_code,
 #define VT_CHANGE_OCTAVES 2	/* the change vt_change_step() detects: a factor of 4 */
 s64 vt_change_lw(u64 w_us);
 int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down, u16 *up);
+
+/* ---- the CPU budget (vtism_budget.c); times in ns, passed in ---- */
+
+struct vt_budget {
+	u64 bp;			/* cpu_budget_bp in effect, 1..10000 */
+	u64 bank_ms;		/* credit_bank_ms in effect, 1..60000 */
+	s64 credit_ns;		/* CPU the budget still allows */
+	u64 last_now, last_cpu;	/* at the last account */
+	u64 wake_ns;		/* CPU of one idle wake-up (sleep, wake, look around), averaged */
+	u64 overdraw_ns;	/* largest debt seen lately: kept out of the bank */
+	bool slept;		/* the step before the last account only slept */
+};
+
+void vt_budget_start(struct vt_budget *b, u64 bp, u64 bank_ms, u64 now, u64 cpu);
+void vt_budget_account(struct vt_budget *b, u64 bp, u64 bank_ms, u64 now, u64 cpu);
+s64 vt_budget_bank(const struct vt_budget *b);
+u64 vt_budget_when(const struct vt_budget *b, s64 need);
+void vt_budget_round(struct vt_budget *b);
+u64 vt_budget_debt(const struct vt_budget *b);
 
 #ifndef VT_RATE_USERSPACE
 

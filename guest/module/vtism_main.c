@@ -347,11 +347,7 @@ struct vt_loop {
 	u64 round_windows;	/* windows at the last round */
 	u64 round_ms;		/* period in effect */
 	u64 last_publish_ns;
-	s64 credit_ns;		/* CPU the budget still allows */
-	u64 last_now, last_cpu;
-	u64 wake_ns;		/* CPU of one idle wake-up (sleep, wake, look around), averaged */
-	u64 overdraw_ns;	/* largest debt seen lately: vt_bank() keeps it out of the bank */
-	bool slept;		/* the last step only slept */
+	struct vt_budget bud;	/* credit and debt (vtism_budget.c) */
 	u64 start, cpu0;
 };
 
@@ -365,62 +361,22 @@ static u64 vt_budget_bp(void)
 	return clamp_t(u64, READ_ONCE(vt_cpu_budget_bp), 1, 10000);
 }
 
-/* Credit the thread can bank: credit_bank_ms of its budget */
-static s64 vt_credit_cap(void)
-{
-	return vt_budget_bp() * clamp_t(u64, READ_ONCE(vt_credit_bank_ms), 1, 60000) *
-	       (NSEC_PER_MSEC / 10000);
-}
-
-/*
- * Credit the thread may hold: the bank less the largest debt seen lately (at most half the
- * bank). Work is paid before it is known what it costs: a pass checks the clock every region,
- * a round publishes on time, and sum_exec_runtime of the running thread lags by up to a tick.
- * The debt these leave is repaid from credit that can never exceed the bank less that debt, so
- * over any interval the thread spends at most the budget plus one bank (cpu-budget failed by
- * 1.4 ms of debt at 1%).
- */
-static s64 vt_bank(struct vt_loop *l)
-{
-	s64 cap = vt_credit_cap();
-
-	return cap - min_t(s64, l->overdraw_ns, cap / 2);
-}
-
 /* The budget accrues with time, at most the bank of it saved, and pays for all the thread's CPU. */
 static void vt_account(struct vt_loop *l)
 {
-	u64 bp = vt_budget_bp();
-	s64 cap;
-
 	l->now = ktime_get_ns();
 	l->cpu = vt_cpu_ns();
-	l->credit_ns += div_u64((l->now - l->last_now) * bp, 10000);
-	l->credit_ns -= l->cpu - l->last_cpu;
-	if (l->slept)
-		l->wake_ns = (7 * l->wake_ns + (l->cpu - l->last_cpu)) / 8;
-	l->slept = false;
-	if (l->credit_ns < 0)
-		l->overdraw_ns = max_t(u64, l->overdraw_ns, -l->credit_ns);
-	cap = vt_bank(l);
-	l->credit_ns = min(l->credit_ns, cap);
-	l->last_now = l->now;
-	l->last_cpu = l->cpu;
+	vt_budget_account(&l->bud, vt_budget_bp(), READ_ONCE(vt_credit_bank_ms), l->now, l->cpu);
 }
 
-/*
- * When there will be `need` ns of credit: now if there is. Otherwise a wait that also pays for
- * four wake-ups beyond it: waiting for exactly what is missing, each wake-up would cost what
- * the wait earned and the thread would spend its whole budget waking up to find it short.
- */
+static s64 vt_bank(struct vt_loop *l)
+{
+	return vt_budget_bank(&l->bud);
+}
+
 static u64 vt_when_credit(struct vt_loop *l, s64 need)
 {
-	s64 missing = need - l->credit_ns;
-
-	if (missing <= 0)
-		return l->now;
-	missing += 4 * l->wake_ns;
-	return l->now + div_u64((u64)missing * 10000, vt_budget_bp());
+	return vt_budget_when(&l->bud, need);
 }
 
 static void vt_flush(struct vt_loop *l)
@@ -793,8 +749,8 @@ static void vt_round(struct vt_loop *l)
 	/* from this round's publish_time_ns: the host sees rounds at least the period apart */
 	l->round_next = res.publish_ns + period * NSEC_PER_MSEC;
 	l->round_cpu = l->cpu;
-	WRITE_ONCE(vt_stats.overdraw_us, div_u64(l->overdraw_ns, NSEC_PER_USEC));
-	l->overdraw_ns -= l->overdraw_ns / 16;	/* lately: halves in about 11 rounds */
+	WRITE_ONCE(vt_stats.overdraw_us, div_u64(l->bud.overdraw_ns, NSEC_PER_USEC));
+	vt_budget_round(&l->bud);
 
 	mutex_lock(&vt_stats_lock);
 	vt_counters_add(&vt_stats.total, &tr->c);
@@ -803,7 +759,7 @@ static void vt_round(struct vt_loop *l)
 	WRITE_ONCE(vt_stats.elapsed_us, div_u64(l->now - l->start, NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.cpu_us, div_u64(l->cpu - l->cpu0, NSEC_PER_USEC));
 	/* with cpu_us and elapsed_us, of the same moment (vt_account) */
-	WRITE_ONCE(vt_stats.debt_us, l->credit_ns < 0 ? div_u64(-l->credit_ns, NSEC_PER_USEC) : 0);
+	WRITE_ONCE(vt_stats.debt_us, div_u64(vt_budget_debt(&l->bud), NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.last_round_cpu_us, ri.cpu_us);
 	WRITE_ONCE(vt_stats.last_publish_us, div_u64(pub_ns, NSEC_PER_USEC));
 	WRITE_ONCE(vt_stats.max_publish_us,
@@ -874,7 +830,7 @@ static bool vt_step(struct vt_loop *l)
 	 * pass_max_us slice would overdraw the budget by up to a slice (cpu-budget failed by 1.3 ms).
 	 */
 	tr->deadline_ns = l->now + min_t(u64, (u64)READ_ONCE(vt_pass_max_us) * NSEC_PER_USEC,
-					 max_t(s64, l->credit_ns, 0));
+					 max_t(s64, l->bud.credit_ns, 0));
 	/* Xen PV has no hardware non-leaf Accessed bits: pruning would skip everything */
 	tr->prune = READ_ONCE(vt_prune) && tr->nonleaf_young;
 
@@ -882,7 +838,7 @@ static bool vt_step(struct vt_loop *l)
 	 * Passes (and the reads that close open windows) also wait for credit: a window that
 	 * waits is merely longer, and is measured as such.
 	 */
-	paid = l->credit_ns > 0;
+	paid = l->bud.credit_ns > 0;
 	coarse_due = (l->cstate == VT_C_OPEN && l->now >= l->c_read_due) ||
 		     l->cstate == VT_C_READING || l->cstate == VT_C_CLEARING;
 	fine_due = l->fstate == VT_F_PASS || (l->fstate == VT_F_WAIT && l->now >= l->f_due);
@@ -892,11 +848,11 @@ static bool vt_step(struct vt_loop *l)
 		res = vt_fine_step(l);
 	} else if (l->now >= l->round_next || vt_round_early_when(l) <= l->now) {
 		vt_round(l);
-	} else if (l->cstate == VT_C_IDLE && l->now >= l->c_next && l->credit_ns > 0) {
+	} else if (l->cstate == VT_C_IDLE && l->now >= l->c_next && l->bud.credit_ns > 0) {
 		vt_coarse_start(l);
 		res = vt_coarse_step(l);
 	} else if (l->fstate == VT_F_IDLE && (when = vt_burst_when(l)) <= l->now) {
-		vt_burst_select(l, l->credit_ns - vt_coarse_reserve(l));
+		vt_burst_select(l, l->bud.credit_ns - vt_coarse_reserve(l));
 		if (l->b->n)
 			res = vt_fine_step(l);
 		else
@@ -920,7 +876,7 @@ static bool vt_step(struct vt_loop *l)
 			tr->c.budget_waits++;
 		}
 		vt_sleep_until(due);
-		l->slept = true;
+		l->bud.slept = true;
 		return true;
 	}
 	if (res == VT_PASS_STOP)
@@ -957,9 +913,9 @@ static int vt_thread(void *arg)
 	tr->goal_ppm = 40000;
 	tr->region_burst_ns = 20 * NSEC_PER_USEC;
 	tr->rng = get_random_u32() | 1;
-	l->start = l->last_now = ktime_get_ns();
-	l->cpu0 = l->last_cpu = l->round_cpu = vt_cpu_ns();
-	l->credit_ns = vt_credit_cap();
+	l->start = ktime_get_ns();
+	l->cpu0 = l->round_cpu = vt_cpu_ns();
+	vt_budget_start(&l->bud, vt_budget_bp(), READ_ONCE(vt_credit_bank_ms), l->start, l->cpu0);
 	l->round_ms = READ_ONCE(vt_round_ms);
 	l->round_next = l->start + l->round_ms * NSEC_PER_MSEC;
 	l->round_last = l->start;

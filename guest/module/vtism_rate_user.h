@@ -21,6 +21,7 @@ static inline int fls64(u64 x) { return x ? 64 - __builtin_clzll(x) : 0; }
 #define clamp_t(t, v, lo, hi) min_t(t, max_t(t, v, lo), hi)
 #define S64_MIN INT64_MIN
 #define min(a, b) ((a) < (b) ? (a) : (b))
+static inline u64 div_u64(u64 a, u32 b) { return a / b; }
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define VT_RATE_USERSPACE
 

@@ -6,11 +6,13 @@
 //! - [`trace`]: the recorded hint-stream format and its replay.
 //! - [`mechanism`]: what each tracking mechanism sees and costs.
 //! - [`rate`]: the guest module's rate arithmetic, its own C (guest/module/vtism_rate.c).
+//! - [`budget`]: the guest module's CPU budget, its own C (guest/module/vtism_budget.c).
 //! - [`window_tracker`]: vtism's guest module as built, per placement unit.
 //! - [`policies`]: vtism, the bounds and the peers.
 //! - [`sim`]: the epoch loop, throughput model and plan execution.
 //! - [`report`]: comparison tables, CSV timelines, SVG plots and the Markdown report.
 
+pub mod budget;
 pub mod cli;
 pub mod mechanism;
 pub mod model;

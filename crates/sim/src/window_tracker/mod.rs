@@ -1,6 +1,7 @@
 //! vtism's guest tracker as the module is built (guest/module; docs/guest.md, "How tracking
 //! works"), per placement unit: vtism_main.c's schedule, vtism_track.c's estimates
-//! ([`estimate`]) and vtism_rate.c's arithmetic, linked ([`crate::rate`]).
+//! ([`estimate`]), and vtism_rate.c's arithmetic and vtism_budget.c's budget, linked
+//! ([`crate::rate`], [`crate::budget`]).
 //!
 //! One thread, under a CPU budget that accrues with time, does the most urgent thing due:
 //! - coarse windows, every `coarse_period_ms`, over every 2 MiB region's PMD entry in chunks of
@@ -26,6 +27,7 @@ mod params;
 
 pub use params::WindowParams;
 
+use crate::budget::Budget;
 use crate::mechanism::{EpochView, TrackCost, Tracker};
 use crate::trace::TraceWriter;
 use cost::{arith_ns, entry_ns, Bill};
@@ -100,7 +102,10 @@ pub struct WindowTracker {
     young_draw: Dither,
     acc: Accesses,
     now: u64,
-    credit: f64,
+    /// The thread's CPU so far, ns.
+    cpu_ns: f64,
+    /// Credit and debt, by the module's own code.
+    budget: Budget,
     cstate: CoarseState,
     /// The chunk being observed: [c_pos, c_end).
     c_pos: usize,
@@ -123,8 +128,6 @@ pub struct WindowTracker {
     next_sweep: u64,
     sweep_gap_ms: u64,
     region_burst_ns: f64,
-    /// The largest debt seen lately, kept out of the bank (vt_bank).
-    overdraw_ns: f64,
     round_next: u64,
     /// When the last round was published, and the regions change detection found risen since.
     round_last: u64,
@@ -172,7 +175,8 @@ impl WindowTracker {
             young_draw: Dither::new(seed ^ 0x9e37_79b9),
             acc: Accesses::new(units, units_per_region),
             now: 0,
-            credit: Self::cap(&p),
+            cpu_ns: 0.0,
+            budget: Budget::new(p.cpu_budget_bp, p.credit_bank_ms, 0, 0),
             cstate: CoarseState::Idle,
             c_pos: 0,
             c_end: 0,
@@ -193,7 +197,6 @@ impl WindowTracker {
             next_sweep: 0,
             sweep_gap_ms: 0,
             region_burst_ns: REGION_BURST_NS,
-            overdraw_ns: 0.0,
             round_next: p.round_ms * MS,
             round_last: 0,
             change_regions: 0.0,
@@ -207,10 +210,6 @@ impl WindowTracker {
         }
     }
 
-    /// At most 1 s of the budget banked (vt_credit_cap).
-    fn cap(p: &WindowParams) -> f64 {
-        p.cpu_budget_bp as f64 * 1e5
-    }
     /// Change detection alarmed on region `r` with probability `p` (vt_region_window): the
     /// probability that it is flagged changed (either way).
     fn flag_changed(&mut self, r: usize, p: f64) {
@@ -225,8 +224,10 @@ impl WindowTracker {
     }
     /// The bank less the largest recent debt, at most half of it (vt_bank).
     fn bank(&self) -> f64 {
-        let cap = Self::cap(&self.p);
-        cap - self.overdraw_ns.min(cap / 2.0)
+        self.budget.bank() as f64
+    }
+    fn credit(&self) -> f64 {
+        self.budget.credit() as f64
     }
     fn bp(&self) -> f64 {
         self.p.cpu_budget_bp.clamp(1, 10_000) as f64
@@ -235,26 +236,20 @@ impl WindowTracker {
     /// Time passes: the budget accrues.
     fn advance(&mut self, t: u64) {
         if t > self.now {
-            let earned = (t - self.now) as f64 * self.bp() / 1e4;
-            self.credit = (self.credit + earned).min(self.bank());
             self.now = t;
+            self.budget.account(self.now, self.cpu_ns as u64);
         }
     }
     /// The thread works for `cpu_ns`: time passes and the budget pays.
     fn spend(&mut self, cpu_ns: f64) {
-        self.credit -= cpu_ns;
-        self.overdraw_ns = self.overdraw_ns.max(-self.credit);
-        self.advance(self.now + cpu_ns.ceil() as u64);
+        self.cpu_ns += cpu_ns;
+        self.now += cpu_ns.ceil() as u64;
+        self.budget.account(self.now, self.cpu_ns as u64);
     }
     /// When there will be `need` ns of credit (vt_when_credit; the module also waits for four
-    /// wake-ups' CPU, which the simulator does not charge).
+    /// wake-ups' CPU, which the simulator does not charge: its wake-up cost stays 0).
     fn when_credit(&self, need: f64) -> u64 {
-        let missing = need - self.credit;
-        if missing <= 0.0 {
-            self.now
-        } else {
-            self.now + (missing * 1e4 / self.bp()).ceil() as u64
-        }
+        self.budget.when(need.ceil() as i64)
     }
     /// Credit a burst leaves for the next coarse window (vt_coarse_reserve).
     fn coarse_reserve(&self) -> f64 {
@@ -298,7 +293,7 @@ impl WindowTracker {
         bill: &mut Bill,
     ) -> anyhow::Result<()> {
         while self.now < t1 {
-            let paid = self.credit > 0.0;
+            let paid = self.credit() > 0.0;
             let coarse_due =
                 matches!(self.cstate, CoarseState::Open { read_due, .. } if self.now >= read_due);
             let fine_due = self.burst.as_ref().is_some_and(|b| self.now >= b.due);
@@ -459,7 +454,7 @@ impl WindowTracker {
     /// many as the budget pays for (between sweeps the flagged ones only); then the burst's
     /// clearing pass.
     fn burst_start(&mut self, v: &EpochView<'_>, bill: &mut Bill) {
-        let afford = self.credit - self.coarse_reserve();
+        let afford = self.credit() - self.coarse_reserve();
         // while a sweep is under way every other burst starts at the cursor
         let sweeping = self.cursor.is_some() || self.now >= self.next_sweep;
         if sweeping {
@@ -737,7 +732,7 @@ impl WindowTracker {
         self.change_regions = 0.0;
         let (cost, overflow) = self.publish(v);
         self.spend(cost);
-        self.overdraw_ns -= self.overdraw_ns / 16.0;
+        self.budget.round();
         bill.cpu(cost);
         // rounds no more often than publishing within a quarter of the budget allows
         let period_ms = self

@@ -5,6 +5,8 @@
 pub struct WindowParams {
     /// CPU the tracker may use, basis points of one vCPU.
     pub cpu_budget_bp: u64,
+    /// Budget the tracker may bank, ms of it.
+    pub credit_bank_ms: u64,
     pub coarse_period_ms: u64,
     /// Regions per coarse window at most.
     pub coarse_chunk: usize,
@@ -36,6 +38,7 @@ impl Default for WindowParams {
     fn default() -> Self {
         WindowParams {
             cpu_budget_bp: 100,
+            credit_bank_ms: 1000,
             coarse_period_ms: 200,
             coarse_chunk: 2048,
             coarse_window_us: [1000, 50, 100_000],
