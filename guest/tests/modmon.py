@@ -292,10 +292,14 @@ class ModuleMonitor(chanmon.Monitor):
         # A budget spent on waking up to find it short observes nothing (the livelock this
         # guards against opened 1-2 coarse windows in 11 s and no burst); coarse windows leave a
         # quarter of the budget to fine bursts, however costly they are under TCG.
+        hw = self.host_wait.get("budget1-start"), self.host_wait.get("budget1")
         self.check("budget-progress", cw is not None and cw >= 3 and bursts,
                    "cpu_budget_bp=100 (the default, 1%%) under TCG: %s coarse windows and %s "
-                   "fine bursts in %.1f s (%.1f ms of CPU), %s budget waits" % (
-                       cw, bursts, (el1 or 0) / 1e6, (cpu1 or 0) / 1e3, waits))
+                   "fine bursts in %.1f s (%.1f ms of CPU, largest debt lately %s us), %s budget "
+                   "waits; QEMU's threads waited %s ms on the host's run queues" % (
+                       cw, bursts, (el1 or 0) / 1e6, (cpu1 or 0) / 1e3,
+                       self.stat("budget1", "overdraw_us"), waits,
+                       "?" if None in hw else (hw[1] - hw[0]) // 1000))
         # A bank less the coarse reserve (at most half of it) that pays for less than one
         # region's burst: a burst that waited for all of it never came (the testbed's slow
         # nested guest made one sweep in 377 s).

@@ -62,9 +62,10 @@ rm -f "$chan"
 truncate -s 16M "$chan"
 echo "e2e: booting $KVER (TCG) with the DAMON agent, serial log $d/serial.log"
 ts=$(date +%s)
+# Not niced, as the module's e2e guest (run-e2e.sh): no steal time under TCG.
 python3 "$tests/damonmon.py" --channel "$chan" --serial "$d/serial.log" \
 	--label "damon-$s" --timeout "$timeout" --budget-bp "$budget_bp" -- \
-	nice -n 5 qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1G \
+	qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1G \
 	-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
 	-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
 	-append "console=ttyS0 quiet panic=-1 vtism.agent=$agent vtism.workload=$workload" \
