@@ -37,6 +37,10 @@ pub struct EngineParams {
     pub reserve_min_bytes: u64,
     /// Bytes the plan of one round may move, promotions plus demotions.
     pub round_budget_bytes: u64,
+    /// Each VM's first claim on a round's budget, as a share of it: a guest that flips its hot
+    /// set every round cannot take the moves the others need. What they leave goes to the VMs
+    /// that want more, in the round's order, so a VM alone still gets the whole budget.
+    pub vm_round_share: f64,
 }
 
 impl Default for EngineParams {
@@ -53,6 +57,7 @@ impl Default for EngineParams {
             reserve_fraction: 0.0,
             reserve_min_bytes: 2 << 20,
             round_budget_bytes: 256 << 20,
+            vm_round_share: 0.25,
         }
     }
 }
@@ -114,6 +119,9 @@ impl EngineParams {
         }
         if self.round_budget_bytes < 4096 {
             return err("round_budget_bytes", "must be at least one 4 KiB frame");
+        }
+        if !(self.vm_round_share > 0.0 && self.vm_round_share <= 1.0) {
+            return err("vm_round_share", "must be above 0 and at most 1");
         }
         Ok(())
     }

@@ -111,6 +111,20 @@ pub struct VmPlanStats {
     pub no_signal: bool,
 }
 
+impl VmPlanStats {
+    /// The same VM planned again in the same round, with what the other VMs left of the
+    /// budget: its moves add up, and the later outcome says what is still left undone. The
+    /// state it saw (tiers, hot set, threshold) is the first pass's, before either moved.
+    pub fn continued_by(&mut self, later: &VmPlanStats) {
+        self.promote_frames += later.promote_frames;
+        self.demote_frames += later.demote_frames;
+        self.refill_frames += later.refill_frames;
+        self.deferred_by_budget = later.deferred_by_budget;
+        self.held_by_hysteresis = later.held_by_hysteresis;
+        self.blocked_by_capacity = later.blocked_by_capacity;
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PlanStats {
     pub vms: Vec<VmPlanStats>,

@@ -593,12 +593,16 @@ impl VtismPolicy {
         free
     }
 
+    /// `again`: the VM was planned earlier in this round, and the engine's belief already has
+    /// those moves done; its promotions then wait for every demotion of the round
+    /// (`PromoteAfterDemote`), or one of them could run before the demotion it counted on.
     fn plan_vm(
         &mut self,
         vi: usize,
         free: &mut NodeFree,
         budget: &mut u64,
         out: &mut Vec<Move>,
+        again: bool,
     ) -> VmPlanStats {
         let tables = &self.tables;
         let is_fast = &self.is_fast;
@@ -699,7 +703,7 @@ impl VtismPolicy {
 
         let fast_used = stats.fast_frames as i64;
         let mut slack = hot_cap as i64 - fast_used;
-        let mut room_now = q as i64 - fast_used;
+        let mut room_now = if again { 0 } else { q as i64 - fast_used };
         let refill_need = (-slack).max(0) as u64;
 
         // How many promotion candidates exist, hottest first, within the budget.
@@ -1271,6 +1275,19 @@ impl Policy for VtismPolicy {
             (self.plans % n as u64) as usize
         };
         self.plans += 1;
+        // Each VM first within its share of the budget; then, in the same order, those the
+        // share cut short with what the others left. One VM to plan takes it all at once.
+        let planned = self
+            .vms
+            .iter()
+            .filter(|v| v.dirty && v.last_observed.is_some())
+            .count();
+        let share = if planned > 1 {
+            ((budget as f64 * self.params.vm_round_share) as u64).max(1)
+        } else {
+            budget
+        };
+        let mut wanting_more = Vec::new();
         for j in 0..n {
             let vi = (start + j) % n;
             if !self.vms[vi].dirty {
@@ -1280,8 +1297,23 @@ impl Policy for VtismPolicy {
                 stats.vms.push(self.hold_without_signal(vi));
                 continue;
             }
-            let s = self.plan_vm(vi, &mut free, &mut budget, &mut moves);
+            let mut claim = budget.min(share);
+            let before = claim;
+            let s = self.plan_vm(vi, &mut free, &mut claim, &mut moves, false);
+            budget -= before - claim;
+            // (a claim used up, or a unit larger than what was left of it)
+            if (claim == 0 || s.deferred_by_budget > 0) && budget > 0 {
+                wanting_more.push((vi, stats.vms.len()));
+            }
             stats.vms.push(s);
+        }
+        for (vi, at) in wanting_more {
+            if budget == 0 {
+                break;
+            }
+            let s = self.plan_vm(vi, &mut free, &mut budget, &mut moves, true);
+            stats.vms[at].continued_by(&s);
+            self.vms[vi].last_stats = stats.vms[at].clone();
         }
         // Execution order across VMs: by phase, stable.
         moves.sort_by_key(|m| m.phase);

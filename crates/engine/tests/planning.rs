@@ -429,3 +429,72 @@ fn a_vm_without_signal_is_never_demoted_and_host_accesses_lift_the_hold() {
         "an accessed frame was demoted"
     );
 }
+
+/// Two VMs whose hot sets sit on slow memory, one of them far larger than a round can move (a
+/// guest flipping its hot set every round): the small one gets its moves in the first round
+/// whichever VM is planned first, the large one what the other leaves, and a VM alone the whole
+/// budget (issue 24: one tenant cannot take every round's moves).
+#[test]
+fn a_round_is_shared_among_the_vms_that_need_it() {
+    use vtism_proto::{CountMeaning, RamMap};
+    let frames = 4096;
+    let budget = 400;
+    let hot = |n: u64| -> Vec<HintEntry> {
+        (0..n)
+            .map(|g| HintEntry::new(Gfn(g), 200, false, PageType::Anon, false, true))
+            .collect()
+    };
+    let promoted = |plan: &Plan, vm: VmId| -> u64 {
+        plan.moves
+            .iter()
+            .filter(|m| m.vm == vm && m.kind == MoveKind::Promote)
+            .map(|m| m.frames)
+            .sum()
+    };
+    for (first, vms) in [(1u32, vec![1u32, 2]), (2, vec![1, 2]), (1, vec![1])] {
+        let params = EngineParams {
+            round_budget_bytes: budget * FRAME_SIZE,
+            ..Default::default()
+        };
+        let mut e = VtismPolicy::new(topo(1 << 40, 1 << 40), params).unwrap();
+        for &id in &vms {
+            e.add_vm(VmSpec {
+                id: VmId(id),
+                ram: RamMap::contiguous(frames),
+                fast_quota_bytes: 2048 * FRAME_SIZE,
+                home_node: Some(FAST),
+            })
+            .unwrap();
+            e.set_placement(VmId(id), Gfn(0), frames, Some(SLOW))
+                .unwrap();
+            let n = if id == 1 { 2000 } else { 100 };
+            let obs = Observation::Hints {
+                entries: &hot(n),
+                overflow: false,
+                counts: CountMeaning::RateLevel,
+            };
+            e.observe(VmId(id), obs, Nanos(1)).unwrap();
+        }
+        // The planner starts with a different VM each plan: an empty plan turns it.
+        if first == 2 {
+            e.plan(
+                &PlanContext {
+                    budget_bytes: Some(0),
+                    ..Default::default()
+                },
+                Nanos(1),
+            );
+        }
+        let plan = e.plan(&PlanContext::default(), Nanos(2));
+        let (big, small) = (promoted(&plan, VmId(1)), promoted(&plan, VmId(2)));
+        if vms.len() == 2 {
+            assert_eq!(
+                small, 100,
+                "first {first}: the small hot set waited ({big} for the big one)"
+            );
+            assert_eq!(big, budget - 100, "first {first}: what the other left");
+        } else {
+            assert_eq!(big, budget, "alone, the whole round");
+        }
+    }
+}
