@@ -38,9 +38,10 @@ say() { echo "$*"; }
 result() { say "VTRESULT $1 $2 $3"; }
 rounds() { cat $S/rounds 2>/dev/null || echo 0; }
 phase() { say "VTPHASE $1 round=$(rounds)"; }
-# one consistent snapshot of all counters (debugfs), and the parameters
+# stats NAME [SNAPSHOT]: one consistent snapshot of all counters (debugfs, read now unless
+# given), and the parameters
 stats() {
-	sed "s/^/VTSTAT $1 /" /sys/kernel/debug/vtism_guest/stats
+	printf '%s\n' "${2:-$(cat /sys/kernel/debug/vtism_guest/stats)}" | sed "s/^/VTSTAT $1 /"
 	for f in $P/*; do say "VTSTAT $1 param_${f##*/} $(cat "$f")"; done
 }
 # stats_repaid NAME: a snapshot at a round where the tracker owed no CPU (debt_us 0), taken
@@ -55,8 +56,7 @@ stats_repaid() {
 		n=$((n + 1))
 	done
 	[ $n = 0 ] || say "VTLOG $1: $n rounds until the tracker's CPU debt was repaid"
-	printf '%s\n' "$snap" | sed "s/^/VTSTAT $1 /"
-	for f in $P/*; do say "VTSTAT $1 param_${f##*/} $(cat "$f")"; done
+	stats "$1" "$snap"
 }
 # wait_rounds N [timeout_s]: until the module has published N more rounds
 wait_rounds() {

@@ -297,8 +297,6 @@ impl Default for ChannelConfig {
     }
 }
 
-/// The default per-VM move limit, MB/s: the engine's (a quarter of the default global one).
-pub const DEFAULT_VM_MBPS: u64 = RoundLimits::DEFAULT.vm_promote_mbps;
 
 /// Upper bounds of the numeric fields without a natural one: far above any real setting, low
 /// enough that no arithmetic on them overflows and no wait they set stalls the daemon.
@@ -349,7 +347,7 @@ impl Default for MoverConfig {
             batch_pages: 4096,
             promote_mbps: RoundLimits::DEFAULT.promote_mbps,
             demote_mbps: RoundLimits::DEFAULT.demote_mbps,
-            vm_promote_mbps: DEFAULT_VM_MBPS,
+            vm_promote_mbps: RoundLimits::DEFAULT.vm_promote_mbps,
             vm_demote_mbps: RoundLimits::DEFAULT.vm_demote_mbps,
             busy_retries: 2,
             busy_retry_delay_ms: 5,
