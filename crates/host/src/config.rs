@@ -297,7 +297,6 @@ impl Default for ChannelConfig {
     }
 }
 
-
 /// Upper bounds of the numeric fields without a natural one: far above any real setting, low
 /// enough that no arithmetic on them overflows and no wait they set stalls the daemon.
 mod bound {
