@@ -154,6 +154,13 @@ impl Tiering {
         Ok(())
     }
 
+    /// A VM's guest restarted on the same memory map: its hotness is forgotten, its placement,
+    /// quota and limits kept (`VtismPolicy::forget_hotness`). Returns the frames that had been
+    /// hinted.
+    pub fn forget_hotness(&mut self, vm: VmId) -> Result<u64, EngineError> {
+        self.engine.forget_hotness(vm)
+    }
+
     /// New limits for a VM (its quota is brought within them at once). Nothing changes on an
     /// error.
     pub fn set_limits(

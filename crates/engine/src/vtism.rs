@@ -324,6 +324,35 @@ impl VtismPolicy {
         Ok(())
     }
 
+    /// The VM's guest restarted on the same memory map (a reset): what it touched before says
+    /// nothing of what it will touch, so every frame's hotness is forgotten; where each frame is
+    /// stays true and is kept, as are the host's folios and pinned frames. O(frames), no
+    /// allocation. Returns the frames that had been hinted.
+    pub fn forget_hotness(&mut self, vm: VmId) -> Result<u64, EngineError> {
+        let p = self.vm_pos(vm)?;
+        let t = &self.tables;
+        let v = &mut self.vms[p];
+        let mut hinted = 0u64;
+        for i in 0..v.frames.len() {
+            let s = v.frames[i];
+            if !s.seen() {
+                continue;
+            }
+            hinted += 1;
+            v.uncount(t, s);
+            v.frames[i].forget();
+            let s = v.frames[i];
+            v.count(t, s);
+        }
+        v.hot_rate_frames = 0;
+        v.rate_frames.fill(0);
+        v.unit_hints.clear();
+        v.split_asked.clear();
+        v.pressed = false;
+        v.dirty = true;
+        Ok(hinted)
+    }
+
     /// A home node must be a node of the topology.
     fn check_home(&self, home: Option<NodeId>) -> Result<(), EngineError> {
         match home {

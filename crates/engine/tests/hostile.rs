@@ -152,3 +152,34 @@ fn pc_guest_hints_in_the_first_two_mib() {
         e.check_histogram(VmId(1)).unwrap();
     }
 }
+
+/// A guest that resets in a loop (issue 24: each reset re-registered the VM, whose placement
+/// sweep then started over on the main loop): a reset forgets the hotness in one pass over the
+/// frames and keeps where every frame is, so nothing needs to be learnt again.
+#[test]
+fn a_reset_forgets_hotness_and_keeps_placement() {
+    let frames = 1u64 << 16;
+    let mut e = engine_with(RamMap::contiguous(frames));
+    let hot: Vec<HintEntry> = (0..64)
+        .map(|u| unit(u * 512, 200, true, PageType::Anon))
+        .collect();
+    for _ in 0..8 {
+        observe(&mut e, &hot, CountMeaning::RoundsSeen);
+    }
+    e.set_placement(VmId(1), Gfn(0), 512, Some(FAST)).unwrap();
+    assert!(e.hot_set_bytes(VmId(1)).unwrap() > 0);
+    let placed = e.node_frames(VmId(1)).unwrap();
+    assert_eq!(e.forget_hotness(VmId(1)).unwrap(), frames / 2);
+    assert_eq!(e.hot_set_bytes(VmId(1)).unwrap(), 0);
+    assert_eq!(e.frame_score(VmId(1), Gfn(0)).unwrap(), 0);
+    assert_eq!(e.node_frames(VmId(1)).unwrap(), placed);
+    assert_eq!(e.summary(VmId(1)).unwrap().unknown_frames, 0);
+    e.check_histogram(VmId(1)).unwrap();
+    // Forgetting again finds nothing hinted; the next round's hints count afresh.
+    assert_eq!(e.forget_hotness(VmId(1)).unwrap(), 0);
+    for _ in 0..8 {
+        observe(&mut e, &hot[..1], CountMeaning::RoundsSeen);
+    }
+    assert_eq!(e.hot_set_bytes(VmId(1)).unwrap(), 512 * FRAME_SIZE);
+    e.check_histogram(VmId(1)).unwrap();
+}
