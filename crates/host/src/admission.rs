@@ -21,8 +21,12 @@ pub enum Refusal {
         exe: String,
         allowed: String,
     },
-    #[error("peer pid {pid} runs as uid {uid}, not in admission.qemu_uids")]
-    Uid { pid: i32, uid: u32 },
+    #[error("peer pid {pid} runs as uid {uid}, not one of admission.qemu_uids ({allowed:?})")]
+    Uid {
+        pid: i32,
+        uid: u32,
+        allowed: Vec<u32>,
+    },
     #[error("peer pid {pid}: {what}")]
     Process { pid: i32, what: String },
     #[error(
@@ -31,6 +35,16 @@ pub enum Refusal {
     RamTooLarge {
         pid: i32,
         claimed_mib: u64,
+        limit_mib: u64,
+    },
+    #[error(
+        "QEMU pid {pid} claims {claimed_mib} MiB of RAM; with the {managed_mib} MiB of the VMs \
+         managed that is more than admission.max_total_ram_gib allows ({limit_mib} MiB)"
+    )]
+    RamOverHost {
+        pid: i32,
+        claimed_mib: u64,
+        managed_mib: u64,
         limit_mib: u64,
     },
     #[error("QEMU pid {pid}: {source}")]
@@ -49,11 +63,12 @@ pub enum Refusal {
 
 impl Refusal {
     /// Every reason's label, for metrics that show the zeros too.
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "not_qemu",
         "uid",
         "process",
         "ram_too_large",
+        "ram_over_host",
         "ram_not_mapped",
         "bad_memory_map",
         "pid_changed",
@@ -67,6 +82,7 @@ impl Refusal {
             Refusal::Uid { .. } => "uid",
             Refusal::Process { .. } => "process",
             Refusal::RamTooLarge { .. } => "ram_too_large",
+            Refusal::RamOverHost { .. } => "ram_over_host",
             Refusal::Memory { .. } => "ram_not_mapped",
             Refusal::MemoryMap { .. } => "bad_memory_map",
             Refusal::PidChanged { .. } => "pid_changed",
@@ -81,18 +97,43 @@ pub struct Rules {
     pub executables: Vec<String>,
     pub uids: Vec<u32>,
     pub max_ram_bytes: u64,
+    /// The RAM of all managed VMs together (`admission.max_total_ram_gib`).
+    pub max_total_ram_bytes: u64,
 }
 
 impl Rules {
     pub fn new(cfg: &AdmissionConfig, host_ram_bytes: u64) -> Rules {
         Rules {
             executables: cfg.qemu_executables.clone(),
-            uids: cfg.qemu_uids.clone(),
+            uids: if cfg.qemu_uids.is_empty() {
+                qemu_users(&std::fs::read_to_string("/etc/passwd").unwrap_or_default())
+            } else {
+                cfg.qemu_uids.clone()
+            },
             max_ram_bytes: match cfg.max_vm_ram_gib {
                 0 => host_ram_bytes,
                 g => g << 30,
             },
+            max_total_ram_bytes: match cfg.max_total_ram_gib {
+                0 => host_ram_bytes,
+                g => g << 30,
+            },
         }
+    }
+
+    /// A VM claiming `bytes` of RAM beside `managed` bytes of the VMs managed already: each VM
+    /// costs the daemon 4 bytes per frame and a placement sweep, so what all VMs claim together
+    /// is bounded by what the host could hold.
+    pub fn check_total(&self, pid: i32, bytes: u64, managed: u64) -> Result<(), Refusal> {
+        if managed.saturating_add(bytes) > self.max_total_ram_bytes {
+            return Err(Refusal::RamOverHost {
+                pid,
+                claimed_mib: bytes >> 20,
+                managed_mib: managed >> 20,
+                limit_mib: self.max_total_ram_bytes >> 20,
+            });
+        }
+        Ok(())
     }
 
     /// The peer (pid and uid from SO_PEERCRED) before a word of QMP is exchanged with it.
@@ -107,19 +148,23 @@ impl Rules {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if !self
-            .executables
-            .iter()
-            .any(|p| process::glob_match(p, &base))
-        {
+        let full = exe.to_string_lossy();
+        if !self.executables.iter().any(|p| {
+            let name: &str = if p.starts_with('/') { &full } else { &base };
+            process::glob_match(p, name)
+        }) {
             return Err(Refusal::NotQemu {
                 pid,
                 exe: exe.display().to_string(),
                 allowed: self.executables.join(", "),
             });
         }
-        if !self.uids.is_empty() && !self.uids.contains(&uid) {
-            return Err(Refusal::Uid { pid, uid });
+        if !self.uids.contains(&uid) {
+            return Err(Refusal::Uid {
+                pid,
+                uid,
+                allowed: self.uids.clone(),
+            });
         }
         Ok(identity)
     }
@@ -146,6 +191,27 @@ impl Rules {
         }
         Ok(())
     }
+}
+
+/// The users QEMU runs as where `admission.qemu_uids` is not set: root, and the accounts
+/// libvirt's packages create for it (`libvirt-qemu` on Debian and Ubuntu, `qemu` on Fedora and
+/// RHEL) found in `passwd` (the text of /etc/passwd).
+pub fn qemu_users(passwd: &str) -> Vec<u32> {
+    let mut uids = vec![0];
+    for line in passwd.lines() {
+        let mut f = line.split(':');
+        let (Some(name), Some(_), Some(uid)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if matches!(name, "libvirt-qemu" | "qemu") {
+            if let Ok(u) = uid.parse::<u32>() {
+                if !uids.contains(&u) {
+                    uids.push(u);
+                }
+            }
+        }
+    }
+    uids
 }
 
 /// The host's RAM (MemTotal of /proc/meminfo), the default bound of a VM's RAM claim.
@@ -296,13 +362,28 @@ mod tests {
         let rules = Rules::new(&AdmissionConfig::default(), 1 << 30);
         let e = rules.check_peer(me, uid).unwrap_err();
         assert_eq!(e.label(), "not_qemu", "{e}");
-        let name = std::env::current_exe().unwrap();
-        let name = name.file_name().unwrap().to_string_lossy();
+        let path = std::env::current_exe().unwrap();
+        let name = path.file_name().unwrap().to_string_lossy();
         let allowed = Rules {
             executables: vec![name.into_owned()],
+            uids: vec![uid],
             ..rules.clone()
         };
         assert!(allowed.check_peer(me, uid).is_ok());
+        // A full path pins the program's place, not only its name.
+        let dir = path.parent().unwrap().display();
+        for (pattern, ok) in [
+            (format!("{}", path.display()), true),
+            (format!("{dir}/*"), true),
+            ("/usr/bin/vtism*".to_string(), false),
+            (format!("{dir}x/*"), false),
+        ] {
+            let r = Rules {
+                executables: vec![pattern.clone()],
+                ..allowed.clone()
+            };
+            assert_eq!(r.check_peer(me, uid).is_ok(), ok, "{pattern}");
+        }
         let other_uid = Rules {
             uids: vec![uid + 1],
             ..allowed.clone()
@@ -312,6 +393,27 @@ mod tests {
             allowed.check_peer(i32::MAX, uid).unwrap_err().label(),
             "process"
         );
+    }
+
+    #[test]
+    fn qemu_runs_as_root_or_its_packages_user_by_default() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
+                      daemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n\
+                      libvirt-qemu:x:64055:108:Libvirt Qemu,,,:/var/lib/libvirt:/usr/sbin/nologin\n\
+                      user:x:1000:1000::/home/user:/bin/bash\n\
+                      garbage\n";
+        assert_eq!(qemu_users(passwd), vec![0, 64055]);
+        assert_eq!(
+            qemu_users("qemu:x:107:107::/:/sbin/nologin\n"),
+            vec![0, 107]
+        );
+        assert_eq!(qemu_users(""), vec![0]);
+        let e = Refusal::Uid {
+            pid: 1,
+            uid: 1000,
+            allowed: qemu_users(passwd),
+        };
+        assert!(e.to_string().contains("[0, 64055]"), "{e}");
     }
 
     #[test]
@@ -347,6 +449,30 @@ mod tests {
     }
 
     #[test]
+    fn the_ram_of_all_vms_is_bounded() {
+        use crate::config::Config;
+        let host = 24u64 << 30;
+        let by_default = Rules::new(&Config::parse("").unwrap().admission, host);
+        assert_eq!(by_default.max_total_ram_bytes, host);
+        // 16 claims of 22 GiB (issue 24): the first fits, the second does not.
+        assert!(by_default.check_total(1, 22 << 30, 0).is_ok());
+        let r = by_default.check_total(2, 22 << 30, 22 << 30).unwrap_err();
+        assert_eq!(r.label(), "ram_over_host");
+        assert!(r.to_string().contains("admission.max_total_ram_gib"), "{r}");
+        assert!(by_default.check_total(3, 2 << 30, 22 << 30).is_ok());
+        // An overcommitting host says so; a huge claim does not wrap the sum.
+        let cfg = Config::parse("[admission]\nmax_total_ram_gib = 96\n").unwrap();
+        let rules = Rules::new(&cfg.admission, host);
+        assert!(rules.check_total(4, 22 << 30, 66 << 30).is_ok());
+        assert!(rules.check_total(5, u64::MAX, 1).is_err());
+        let bad = Config::parse("[admission]\nmax_total_ram_gib = 99999999\n").unwrap_err();
+        assert!(
+            format!("{bad:#}").contains("admission.max_total_ram_gib"),
+            "{bad:#}"
+        );
+    }
+
+    #[test]
     fn admission_settings_are_bounded_and_named_when_wrong() {
         use crate::config::Config;
         let cfg = Config::parse("").unwrap();
@@ -361,7 +487,19 @@ mod tests {
         assert_eq!(Rules::new(&cfg.admission, 1 << 30).max_ram_bytes, 1 << 30);
         for (text, field) in [
             (
-                "qemu_executables = [\"/usr/bin/qemu\"]",
+                "qemu_executables = [\"usr/bin/qemu\"]",
+                "admission.qemu_executables",
+            ),
+            (
+                "qemu_executables = [\"/usr/*/qemu\"]",
+                "admission.qemu_executables",
+            ),
+            (
+                "qemu_executables = [\"/usr/bin/*\"]",
+                "admission.qemu_executables",
+            ),
+            (
+                "qemu_executables = [\"/usr/bin/\"]",
                 "admission.qemu_executables",
             ),
             ("qemu_executables = [\"\"]", "admission.qemu_executables"),
@@ -385,6 +523,9 @@ mod tests {
             assert_eq!(e.field(), Some(field), "{text}: {e}");
         }
         assert!(Config::parse("[admission]\nunsafe_scan_dir = \"maybe\"\n").is_err());
+        let full =
+            "[admission]\nqemu_executables = [\"/opt/qemu/bin/qemu-system-*\", \"qemu-kvm\"]\n";
+        assert!(Config::parse(full).is_ok());
     }
 
     #[test]

@@ -20,6 +20,11 @@ pub struct HostArgs {
     /// Print the NUMA topology as vtismd sees it (JSON) and exit.
     #[arg(long)]
     pub print_topology: bool,
+    /// Take back what a vtismd that was killed left behind (its host kdamond, if still the one
+    /// it recorded) and exit: the unit's ExecStopPost. A vtismd that stopped cleanly left
+    /// nothing, and this does nothing.
+    #[arg(long)]
+    pub clean_up: bool,
 }
 
 /// Options of `vtism ctl`.
@@ -103,6 +108,11 @@ pub fn host_main(args: HostArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     init_logging(&cfg);
+    if args.clean_up {
+        let record = crate::host_tracking::record_path(&cfg.daemon.control_socket);
+        crate::host_tracking::reclaim_left_behind(&cfg.host_tracking, &record);
+        return Ok(());
+    }
     for w in cfg.warnings() {
         tracing::warn!("configuration: {w}");
     }

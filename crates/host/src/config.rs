@@ -191,6 +191,9 @@ pub struct DiscoveryConfig {
     pub scan_interval_ms: u64,
     /// How often to re-read each VM's memory map (hot-plug, reboot).
     pub refresh_interval_ms: u64,
+    /// A reset or device event re-reads the VM at once, but at most once per this: a guest
+    /// that resets in a loop costs one re-read per interval, not one per reset.
+    pub resync_min_interval_ms: u64,
     /// Timeout of one QMP exchange.
     pub qmp_timeout_ms: u64,
     /// Wait at least this long before retrying a socket that failed.
@@ -207,6 +210,7 @@ impl Default for DiscoveryConfig {
             scan_any_socket: false,
             scan_interval_ms: 5000,
             refresh_interval_ms: 10000,
+            resync_min_interval_ms: 2000,
             qmp_timeout_ms: 3000,
             retry_backoff_ms: 10000,
         }
@@ -224,21 +228,35 @@ pub enum UnsafeDirPolicy {
     Refuse,
 }
 
+/// QEMU's programs where distributions install them: Debian and Ubuntu's `qemu-system-*`,
+/// Fedora and RHEL's `qemu-kvm`. Full paths, so that a program of another name or place that
+/// calls itself QEMU is not one.
+pub const DEFAULT_QEMU_EXECUTABLES: [&str; 3] = [
+    "/usr/bin/qemu-system-*",
+    "/usr/libexec/qemu-kvm",
+    "/usr/bin/qemu-kvm",
+];
+
 /// `[admission]`: who may be a VM. A socket's peer must run an allowed executable as an allowed
 /// user, its RAM claims must be mapped in the process, and discovery's threads, queue and VM
 /// count are bounded.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionConfig {
-    /// Basenames of /proc/<pid>/exe allowed as QEMU (`*` matches any run of characters).
+    /// Programs allowed as QEMU: full paths of /proc/<pid>/exe, or bare file names matched
+    /// against its basename (`*` in the file name matches any run of characters).
     pub qemu_executables: Vec<String>,
-    /// uids (SO_PEERCRED) allowed as QEMU; empty = any.
+    /// uids (SO_PEERCRED) allowed as QEMU; empty = the QEMU users: root and, where they
+    /// exist, `libvirt-qemu` (Debian, Ubuntu) and `qemu` (Fedora, RHEL).
     pub qemu_uids: Vec<u32>,
     /// Groups, besides root, that may write to a scan directory.
     pub admin_gids: Vec<u32>,
     pub unsafe_scan_dir: UnsafeDirPolicy,
     /// Largest guest RAM a VM may claim, in GiB; 0 = the host's MemTotal.
     pub max_vm_ram_gib: u64,
+    /// Largest guest RAM of all managed VMs together, in GiB; 0 = the host's MemTotal (a host
+    /// that overcommits memory sets it higher).
+    pub max_total_ram_gib: u64,
     /// Most VMs managed at once.
     pub max_vms: usize,
     /// Threads that talk to new monitors.
@@ -254,11 +272,12 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     fn default() -> Self {
         AdmissionConfig {
-            qemu_executables: vec!["qemu-system-*".into(), "qemu-kvm".into()],
+            qemu_executables: DEFAULT_QEMU_EXECUTABLES.map(String::from).to_vec(),
             qemu_uids: Vec::new(),
             admin_gids: Vec::new(),
             unsafe_scan_dir: UnsafeDirPolicy::Warn,
             max_vm_ram_gib: 0,
+            max_total_ram_gib: 0,
             max_vms: 256,
             attach_threads: 2,
             max_pending_sockets: 64,
@@ -537,6 +556,12 @@ impl Config {
                 bound::INTERVAL_MS,
             ),
             (
+                "discovery.resync_min_interval_ms",
+                s.resync_min_interval_ms,
+                100,
+                bound::INTERVAL_MS,
+            ),
+            (
                 "discovery.qmp_timeout_ms",
                 s.qmp_timeout_ms,
                 50,
@@ -785,26 +810,38 @@ impl Config {
 
     fn validate_admission(&self) -> Result<(), ConfigError> {
         let a = &self.admission;
-        if a.qemu_executables
+        // A pattern is a full path with `*` in its file name only, or a bare file name.
+        let file_name = |p: &str| match p.rsplit_once('/') {
+            Some((dir, name)) if p.starts_with('/') && !dir.contains('*') => Some(name.to_owned()),
+            Some(_) => None,
+            None => Some(p.to_owned()),
+        };
+        if let Some(p) = a
+            .qemu_executables
             .iter()
-            .any(|p| p.is_empty() || p.contains('/'))
+            .find(|p| file_name(p).is_none_or(|n| n.is_empty()))
         {
             return Err(invalid(
                 "admission.qemu_executables",
-                "each entry is a file name pattern (no `/`, not empty)",
+                format!(
+                    "`{p}` is neither a full path (with `*` in the file name only) nor a file \
+                     name"
+                ),
             ));
         }
         if a.qemu_executables.is_empty() {
             return Err(invalid(
                 "admission.qemu_executables",
-                "lists nothing, so no QEMU would ever be managed (the default is \
-                 [\"qemu-system-*\", \"qemu-kvm\"])",
+                format!(
+                    "lists nothing, so no QEMU would ever be managed (the default is {:?})",
+                    DEFAULT_QEMU_EXECUTABLES
+                ),
             ));
         }
         if let Some(p) = a
             .qemu_executables
             .iter()
-            .find(|p| p.chars().all(|c| c == '*' || c == '?'))
+            .find(|p| file_name(p).is_some_and(|n| n.chars().all(|c| c == '*' || c == '?')))
         {
             return Err(invalid(
                 "admission.qemu_executables",
@@ -830,6 +867,12 @@ impl Config {
                 65536,
             ),
             ("admission.max_vm_ram_gib", a.max_vm_ram_gib, 0, 1 << 20),
+            (
+                "admission.max_total_ram_gib",
+                a.max_total_ram_gib,
+                0,
+                1 << 24,
+            ),
         ] {
             if !(lo..=hi).contains(&v) {
                 return Err(invalid(f, format!("must be between {lo} and {hi}")));

@@ -5,7 +5,7 @@
 //! mover moves; the status and metrics are published. One VM's trouble (a dead monitor, a
 //! hostile channel, a failed re-registration) lets that VM go and touches no other.
 
-use crate::admission::Refusal;
+use crate::admission::{Refusal, Rules};
 use crate::backing;
 use crate::batch::{CallSettings, VmTarget};
 use crate::channels::Channels;
@@ -146,7 +146,7 @@ impl Daemon {
         let histograms = MoverHistograms::default();
         let (ctl_tx, ctl_rx) = mpsc::channel();
         // Next to the control socket, in vtismd's own runtime directory.
-        let kdamond_record = cfg.daemon.control_socket.with_file_name("host-kdamond");
+        let kdamond_record = host_tracking::record_path(&cfg.daemon.control_socket);
         host_tracking::reclaim_left_behind(&cfg.host_tracking, &kdamond_record);
         let host_tracking = HostTracking::new(&cfg.host_tracking, kdamond_record);
         let mut d = Daemon {
@@ -360,6 +360,12 @@ impl Daemon {
             self.discovery.refuse(socket, &r);
             return Ok(None);
         }
+        let rules = Rules::new(&self.cfg.admission, self.registry.host_ram_bytes());
+        let managed = self.registry.ram_bytes(None);
+        if let Err(r) = rules.check_total(qmp.pid, info.memory.bytes(), managed) {
+            self.discovery.refuse(socket, &r);
+            return Ok(None);
+        }
         let topo = &self.topo;
         let home = settings
             .home_node
@@ -476,8 +482,13 @@ impl Daemon {
                     }
                     if reregister {
                         self.reregister(id);
-                    } else if rehomed {
-                        self.rehome(id);
+                    } else {
+                        if resync {
+                            self.forget_hotness(id);
+                        }
+                        if rehomed {
+                            self.rehome(id);
+                        }
                     }
                     self.place_folios(id);
                 }
@@ -553,12 +564,30 @@ impl Daemon {
         }
     }
 
-    /// A VM whose memory map changed, or whose guest restarted: its limits follow its RAM, and
-    /// the engine forgets its hotness and learns its placement again.
+    /// A VM whose guest restarted on the same memory map: the engine forgets its hotness and
+    /// keeps where its pages are (they did not move), so no placement sweep starts over.
+    fn forget_hotness(&mut self, id: VmId) {
+        if let Err(e) = self.tiering.forget_hotness(id) {
+            warn!(vm = %id, error = %e, "hotness not forgotten");
+        }
+    }
+
+    /// A VM whose memory map changed: its limits follow its RAM, and the engine forgets its
+    /// hotness and learns its placement again.
     fn reregister(&mut self, id: VmId) {
         let Some(v) = self.registry.get(id) else {
             return;
         };
+        // A map that grew past what all VMs may claim together lets the VM go (counted as at
+        // attach, where it is refused until the others leave room).
+        let rules = Rules::new(&self.cfg.admission, self.registry.host_ram_bytes());
+        let others = self.registry.ram_bytes(Some(id));
+        if let Err(r) = rules.check_total(v.pid, v.memory.bytes(), others) {
+            let socket = v.socket.clone();
+            self.drop_vm(id, &r.to_string());
+            self.discovery.refuse(socket, &r);
+            return;
+        }
         let settings = self.cfg.vm_settings(&v.name, &v.socket, v.memory.bytes());
         // Limits in % of a share in % of RAM follow the new RAM size; limits the pool cannot
         // honour (the minimums no longer fit) keep the old ones.
@@ -662,6 +691,9 @@ impl Daemon {
 
     /// This round's slice of every VM's placement, from the kernel.
     fn reconcile_placement(&mut self) {
+        let first = self
+            .reconcile
+            .first_sweeps(self.registry.iter().map(|v| v.id));
         for v in self.registry.iter() {
             self.reconcile.sweep(
                 &mut self.tiering,
@@ -669,6 +701,7 @@ impl Daemon {
                 &self.topo,
                 &self.cfg.mover,
                 self.cfg.daemon.interval_ms,
+                first,
             );
         }
     }
@@ -974,6 +1007,9 @@ impl Daemon {
                 .map(|(o, c)| (o.label(), *c))
                 .collect(),
             reconcile_sweeps: self.reconcile.full_sweeps(v.id),
+            resets: v.resets,
+            resyncs: v.resyncs,
+            memory_map_changes: v.memory_map_changes,
             attached_s: v.attached.elapsed().as_secs_f64(),
             move_limit_bytes_per_second: per_second(
                 v.settings.promote_mbps,

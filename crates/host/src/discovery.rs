@@ -1,14 +1,16 @@
-//! Finding VMs: QMP sockets under `discovery.scan_dirs` and in `[[vm]]` entries, handed to a
-//! fixed number of attach threads through a bounded queue (a monitor that never answers holds
-//! one thread until its exchange deadline, and holds up no VM already managed), admitted only if
+//! Finding VMs: QMP sockets under `discovery.scan_dirs` and in `[[vm]]` entries, queued (at
+//! most `admission.max_pending_sockets` at once) to the greeter, which checks each peer and
+//! waits for the greetings of all of them on one thread (`greeter`), then to a fixed number of
+//! attach threads, one per peer process at a time (a monitor that greets and then stalls holds
+//! one thread until its exchange deadline, and holds up no VM already managed); admitted only if
 //! the peer is a QEMU process whose RAM claims hold (`admission`), and tried again after
 //! `discovery.retry_backoff_ms` when that failed or the VM was not taken.
 
 use crate::admission::{self, Counts, Refusal, RefusalLog, Rules};
 use crate::config::Config;
+use crate::greeter::{self, GreetSettings, Greeted, InFlight, NotGreeted};
 use crate::process::ProcessIdentity;
 use crate::qmp::Qmp;
-use crate::sys;
 use crate::vm::{self, VmInfo};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -34,7 +36,7 @@ enum Outcome {
     Failed(PathBuf, anyhow::Error),
 }
 
-/// What an attach thread needs, fixed when the socket is queued.
+/// What an attach needs, fixed when the socket is queued.
 #[derive(Clone)]
 struct AttachSettings {
     command_timeout: Duration,
@@ -43,10 +45,20 @@ struct AttachSettings {
     rules: Rules,
 }
 
-type Job = (PathBuf, AttachSettings);
-type Jobs = Arc<Mutex<mpsc::Receiver<Job>>>;
+impl GreetSettings for AttachSettings {
+    fn rules(&self) -> &Rules {
+        &self.rules
+    }
+    /// QEMU greets as it accepts: a greeting gets the time of one command.
+    fn greeting_timeout(&self) -> Duration {
+        self.command_timeout.min(self.exchange_timeout)
+    }
+}
 
-/// The attach threads' queue, with the thread count and length it was made for.
+type Job = (PathBuf, AttachSettings);
+type Jobs = Arc<Mutex<mpsc::Receiver<Greeted<AttachSettings>>>>;
+
+/// The greeter's queue, with the attach thread count and queue length it was made for.
 struct Queue {
     tx: mpsc::SyncSender<Job>,
     threads: usize,
@@ -114,6 +126,10 @@ impl Discovery {
         };
         let queue = self.queue(a.attach_threads, a.max_pending_sockets);
         for sock in candidates {
+            if self.attaching.len() >= a.max_pending_sockets {
+                self.counts.deferred += 1;
+                continue;
+            }
             if managed.contains(&sock)
                 || self.attaching.contains(&sock)
                 || self
@@ -136,8 +152,8 @@ impl Discovery {
         }
     }
 
-    /// The attach queue, with its threads started (again, if their number or the queue's
-    /// length changed: the old threads finish their socket and end).
+    /// The greeter's queue, with the greeter and the attach threads started (again, if their
+    /// number or the queue's length changed: the old threads finish their sockets and end).
     fn queue(&mut self, threads: usize, pending: usize) -> mpsc::SyncSender<Job> {
         if let Some(q) = self
             .jobs
@@ -147,12 +163,21 @@ impl Discovery {
             return q.tx.clone();
         }
         let (q, jobs) = mpsc::sync_channel(pending);
-        let jobs: Jobs = Arc::new(Mutex::new(jobs));
+        let (to_attach, greeted) = mpsc::channel();
+        let greeted: Jobs = Arc::new(Mutex::new(greeted));
+        let in_flight = InFlight::default();
+        let (tx, flight) = (self.tx.clone(), in_flight.clone());
+        let spawned = std::thread::Builder::new()
+            .name("vtism-greeter".into())
+            .spawn(move || greet_worker(&jobs, &to_attach, &tx, &flight));
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the greeter thread");
+        }
         for _ in 0..threads {
-            let (jobs, tx) = (jobs.clone(), self.tx.clone());
+            let (jobs, tx, flight) = (greeted.clone(), self.tx.clone(), in_flight.clone());
             let spawned = std::thread::Builder::new()
                 .name("vtism-attach".into())
-                .spawn(move || attach_worker(&jobs, &tx));
+                .spawn(move || attach_worker(&jobs, &tx, &flight));
             if let Err(e) = spawned {
                 warn!(error = %e, "cannot start an attach thread");
             }
@@ -222,37 +247,52 @@ impl Discovery {
     }
 }
 
-fn attach_worker(jobs: &Jobs, tx: &mpsc::Sender<Outcome>) {
+/// The greeter (`greeter::run`), its sockets that did not greet reported as outcomes.
+fn greet_worker(
+    jobs: &mpsc::Receiver<Job>,
+    to_attach: &mpsc::Sender<Greeted<AttachSettings>>,
+    tx: &mpsc::Sender<Outcome>,
+    in_flight: &InFlight,
+) {
+    let failed = |n| {
+        let o = match n {
+            NotGreeted::Refused(s, r) => Outcome::Refused(s, r),
+            NotGreeted::Failed(s, e) => Outcome::Failed(s, e),
+        };
+        tx.send(o).is_ok()
+    };
+    greeter::run(jobs, to_attach, failed, in_flight);
+}
+
+fn attach_worker(jobs: &Jobs, tx: &mpsc::Sender<Outcome>, in_flight: &InFlight) {
     loop {
         let job = match jobs.lock() {
             Ok(rx) => rx.recv(),
             Err(_) => return,
         };
-        let Ok((socket, settings)) = job else {
-            return; // the queue was replaced or discovery dropped
+        let Ok(g) = job else {
+            return; // the greeter ended: the queue was replaced or discovery dropped
         };
-        if tx.send(attach(socket, &settings)).is_err() {
+        let pid = g.identity.pid;
+        let outcome = attach(g);
+        in_flight.done(pid);
+        if tx.send(outcome).is_err() {
             return;
         }
     }
 }
 
-/// Connects, checks the peer before speaking QMP, inspects the VM within the exchange deadline
-/// and checks its RAM claims against the process.
-fn attach(socket: PathBuf, s: &AttachSettings) -> Outcome {
+/// From a socket whose peer was checked and greeted (`greeter`): inspects the VM within the
+/// exchange deadline and checks its RAM claims against the process.
+fn attach(g: Greeted<AttachSettings>) -> Outcome {
+    let Greeted {
+        socket,
+        stream,
+        identity,
+        settings: s,
+    } = g;
+    let pid = identity.pid;
     let deadline = Instant::now() + s.exchange_timeout;
-    let stream = match sys::connect_unix_now(&socket) {
-        Ok(st) => st,
-        Err(e) => return Outcome::Failed(socket, anyhow::Error::from(e).context("connect")),
-    };
-    let (pid, uid) = match sys::peer_cred(&stream) {
-        Ok(c) => c,
-        Err(e) => return Outcome::Failed(socket, anyhow::Error::from(e).context("SO_PEERCRED")),
-    };
-    let identity = match s.rules.check_peer(pid, uid) {
-        Ok(i) => i,
-        Err(r) => return Outcome::Refused(socket, r),
-    };
     let inspected = Qmp::handshake_until(stream, s.command_timeout, deadline, s.max_reply)
         .map_err(vm::InspectError::from)
         .and_then(|mut q| vm::inspect(&mut q).map(|i| (q, i)));

@@ -344,6 +344,11 @@ fn pause(stop: &AtomicBool, d: Duration) -> bool {
     !stop.load(Ordering::SeqCst)
 }
 
+/// Where vtismd records the kdamond it runs: `host-kdamond` next to its control socket.
+pub fn record_path(control_socket: &Path) -> PathBuf {
+    control_socket.with_file_name("host-kdamond")
+}
+
 /// Takes back the kdamond a vtismd killed before it could remove it left running (its record
 /// says which), at start: otherwise DAMON stays busy with it and host tracking waits forever.
 /// A kdamond that is no longer the one recorded is someone else's and left alone.

@@ -1,7 +1,8 @@
 //! vtismd, the vtism host daemon. The host gathers facts and carries out moves; the decisions
 //! are the engine's tiering round (`vtism_engine::Tiering`), the same one the simulator runs.
 //!
-//! Each part owns its state: `discovery` (finding QMP sockets), `registry` (the managed VMs as
+//! Each part owns its state: `discovery` (finding QMP sockets, `greeter` waiting for their
+//! greetings), `registry` (the managed VMs as
 //! QEMU shows them), `channels` (where hints enter), `reconcile` (where pages really are),
 //! `host_tracking` (DAMON on the host, for VMs without a tracker), `mover` and `batch` (where
 //! pages move), `rate` (move rate limits), `config` (each VM's
@@ -19,8 +20,10 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
+pub mod greeter;
 pub mod host_tracking;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod mover;
 pub mod mtree;
 pub mod process;

@@ -169,6 +169,12 @@ pub struct VmStatus {
     pub pages_by_outcome: BTreeMap<&'static str, u64>,
     /// Complete placement reconcile passes.
     pub reconcile_sweeps: u64,
+    /// QMP RESET events seen, and re-reads done for reset or device events (at most one per
+    /// `discovery.resync_min_interval_ms`).
+    pub resets: u64,
+    pub resyncs: u64,
+    /// Re-reads that found a different memory map (the VM was re-registered).
+    pub memory_map_changes: u64,
     pub attached_s: f64,
     /// The VM's own move rate limits (0 = none).
     pub move_limit_bytes_per_second: PerDirection,
@@ -635,6 +641,25 @@ impl VmStatus {
             "Complete placement reconcile passes.",
             vm(),
             self.reconcile_sweeps,
+        );
+        f.counter(
+            "vtism_vm_resets",
+            "QMP RESET events of the VM (reboots).",
+            vm(),
+            self.resets,
+        );
+        f.counter(
+            "vtism_vm_resyncs",
+            "Re-reads of the VM for reset or device events, at most one per \
+             discovery.resync_min_interval_ms.",
+            vm(),
+            self.resyncs,
+        );
+        f.counter(
+            "vtism_vm_memory_map_changes",
+            "Re-reads that found a different memory map (hot-plug): the VM's placement is learnt again.",
+            vm(),
+            self.memory_map_changes,
         );
         self.host_families(f);
     }

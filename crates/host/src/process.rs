@@ -6,12 +6,34 @@ use std::io;
 use std::path::{Path, PathBuf};
 use vtism_proto::Hva;
 
-/// A process, told apart from a later process with the same pid by its start time
-/// (field 22 of /proc/<pid>/stat, clock ticks since boot).
+/// A process running a program: told apart from a later process with the same pid by its start
+/// time (field 22 of /proc/<pid>/stat, clock ticks since boot), and from the same process after
+/// an execve(2) by the device and inode of its executable (which an upgrade that deletes the
+/// binary under it does not change).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcessIdentity {
     pub pid: i32,
     pub start_ticks: u64,
+    pub exe_dev: u64,
+    pub exe_ino: u64,
+}
+
+/// How a process differs from the one admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Changed {
+    /// Exited, or its pid now names a newer process.
+    Gone,
+    /// The same process runs another program (it called execve).
+    Exec,
+}
+
+impl std::fmt::Display for Changed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Changed::Gone => "QEMU process exited (or its pid now names another)",
+            Changed::Exec => "the QEMU process now runs another program (execve)",
+        })
+    }
 }
 
 impl ProcessIdentity {
@@ -21,16 +43,35 @@ impl ProcessIdentity {
     }
 
     fn of_under(proc_root: &Path, pid: i32) -> io::Result<ProcessIdentity> {
-        let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))?;
+        use std::os::unix::fs::MetadataExt;
+        let dir = proc_root.join(pid.to_string());
+        let stat = std::fs::read_to_string(dir.join("stat"))?;
         let start_ticks = start_ticks_from_stat(&stat).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidData, "unreadable /proc/<pid>/stat")
         })?;
-        Ok(ProcessIdentity { pid, start_ticks })
+        // stat(2) follows the magic link to the program's inode, deleted or not.
+        let exe = std::fs::metadata(dir.join("exe"))?;
+        Ok(ProcessIdentity {
+            pid,
+            start_ticks,
+            exe_dev: exe.dev(),
+            exe_ino: exe.ino(),
+        })
     }
 
-    /// The same process still runs under this pid (not exited, not replaced by a newer one).
+    /// Whether the same process still runs under this pid, running the same program: two
+    /// reads of /proc, cheap enough for every round.
+    pub fn check(&self) -> Result<(), Changed> {
+        match Self::of(self.pid) {
+            Ok(now) if now == *self => Ok(()),
+            Ok(now) if now.start_ticks == self.start_ticks => Err(Changed::Exec),
+            _ => Err(Changed::Gone),
+        }
+    }
+
+    /// The same process still runs under this pid, running the same program.
     pub fn is_current(&self) -> bool {
-        Self::of(self.pid).is_ok_and(|now| now == *self)
+        self.check().is_ok()
     }
 }
 
@@ -201,7 +242,23 @@ mod tests {
             start_ticks: me.start_ticks + 1,
             ..me
         };
-        assert!(!later.is_current(), "a pid reused by a newer process");
+        assert_eq!(
+            later.check(),
+            Err(Changed::Gone),
+            "a pid reused by a newer process"
+        );
+        let exec = ProcessIdentity {
+            exe_ino: me.exe_ino + 1,
+            ..me
+        };
+        assert_eq!(
+            exec.check(),
+            Err(Changed::Exec),
+            "the same process after execve"
+        );
+        use std::os::unix::fs::MetadataExt;
+        let bin = std::fs::metadata(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!((me.exe_dev, me.exe_ino), (bin.dev(), bin.ino()));
         let stat = "8139 (CPU 0) /TCG) S 1 8139 8139 0 -1 4194624 95 0 0 0 12 3 0 0 20 0 4 0 \
                     3141 2143121408 20380";
         assert_eq!(start_ticks_from_stat(stat), Some(3141));

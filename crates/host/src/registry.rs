@@ -57,8 +57,18 @@ pub struct ManagedVm {
     home_candidate: Option<NodeId>,
     pub attached: Instant,
     last_refresh: Instant,
+    /// A reset or device event seen, its re-read not started yet (`resync_min_interval_ms`).
+    resync_wanted: bool,
+    /// When the last re-read for such events started.
+    last_resync: Option<Instant>,
     /// A reset or device event seen when the refresh under way started.
     resync_pending: bool,
+    /// RESET events seen, and re-reads done for reset or device events (several events
+    /// within `resync_min_interval_ms` make one).
+    pub resets: u64,
+    pub resyncs: u64,
+    /// Re-reads that found a different memory map (hot-plug), re-registering the VM.
+    pub memory_map_changes: u64,
     /// Re-reads in a row the monitor did not answer in time.
     slow_refreshes: u32,
     pub settings: VmSettings,
@@ -75,9 +85,10 @@ pub enum Watch {
     Gone(String),
     /// The re-read failed, not fatally; the next one tries again.
     RefreshFailed(anyhow::Error),
-    /// Re-read from QEMU. `resync`: a reset or a device event (the guest's channel restarts);
-    /// `reregister`: the memory map changed, or a resync, so the engine must relearn the VM;
-    /// `rehomed`: only its home node changed (the engine keeps what it learnt).
+    /// Re-read from QEMU. `resync`: after a reset or a device event (the guest's channel
+    /// restarts, and what the guest touched before is forgotten); `reregister`: the memory map
+    /// changed, so the engine must relearn the VM; `rehomed`: only its home node changed (the
+    /// engine keeps what it learnt).
     Refreshed {
         info: Box<VmInfo>,
         resync: bool,
@@ -124,6 +135,20 @@ impl Default for Registry {
 }
 
 impl Registry {
+    /// The host's RAM, the default bound of what VMs may claim.
+    pub fn host_ram_bytes(&self) -> u64 {
+        self.host_ram_bytes
+    }
+
+    /// Guest RAM of the managed VMs, together, leaving out `except`.
+    pub fn ram_bytes(&self, except: Option<VmId>) -> u64 {
+        self.vms
+            .values()
+            .filter(|v| Some(v.id) != except)
+            .map(|v| v.memory.bytes())
+            .sum()
+    }
+
     /// The id the next VM will get.
     pub fn next_id(&self) -> VmId {
         VmId(self.next_id.max(1))
@@ -168,7 +193,12 @@ impl Registry {
                 home_candidate: None,
                 attached: now,
                 last_refresh: now,
+                resync_wanted: false,
+                last_resync: None,
                 resync_pending: false,
+                resets: 0,
+                resyncs: 0,
+                memory_map_changes: 0,
                 slow_refreshes: 0,
                 settings,
             },
@@ -230,8 +260,10 @@ impl Registry {
         let Some(v) = self.vms.get_mut(&id) else {
             return Watch::Quiet;
         };
-        if !v.identity.is_current() {
-            return Watch::Gone("QEMU process exited (or its pid now names another)".into());
+        // Every round: a QEMU that exec'd another program is let go now, not at the next
+        // re-read (issue 24: a python3 had 687,934 page moves issued against it meanwhile).
+        if let Err(c) = v.identity.check() {
+            return Watch::Gone(c.to_string());
         }
         if let Some(rx) = &v.refresh {
             match rx.try_recv() {
@@ -275,12 +307,12 @@ impl Registry {
         let Some(qmp) = v.qmp.as_mut() else {
             return Watch::Gone("no monitor".into());
         };
-        let mut resync = false;
         match qmp.poll_events() {
             Ok(events) => {
                 for e in events {
                     debug!(vm = %v.name, event = %e.name, "QMP event");
-                    resync |= matches!(
+                    v.resets += u64::from(e.name == "RESET");
+                    v.resync_wanted |= matches!(
                         e.name.as_str(),
                         "RESET"
                             | "DEVICE_DELETED"
@@ -297,17 +329,27 @@ impl Registry {
                 return Watch::Quiet;
             }
             return match done {
-                Ok(info) => v.apply_refresh(info, resync, topo),
+                Ok(info) => v.apply_refresh(info, topo),
                 Err(e) => Watch::RefreshFailed(e),
             };
         }
+        let now = Instant::now();
         let refresh_every = Duration::from_millis(cfg.discovery.refresh_interval_ms);
-        let periodic = v.last_refresh.elapsed() >= refresh_every && may_refresh;
-        if resync || periodic {
+        let resync_every = Duration::from_millis(cfg.discovery.resync_min_interval_ms);
+        let periodic = now.duration_since(v.last_refresh) >= refresh_every && may_refresh;
+        // A guest resetting in a loop gets one re-read per `resync_every`, whatever it sends.
+        let resync_due = v.resync_wanted
+            && v.last_resync
+                .is_none_or(|t| now.duration_since(t) >= resync_every);
+        if resync_due || periodic {
             // Never wait for the mover here: a rate-limited plan can run for many rounds, and
             // the channels must keep being read meanwhile. A plan in flight keeps its own copy
             // of the old map; moves it makes on memory that went away fail per page, harmlessly.
-            v.last_refresh = Instant::now();
+            let resync = std::mem::take(&mut v.resync_wanted);
+            if resync {
+                v.last_resync = Some(now);
+            }
+            v.last_refresh = now;
             v.start_refresh(cfg, Rules::new(&cfg.admission, host_ram_bytes), resync);
         }
         Watch::Quiet
@@ -444,25 +486,27 @@ impl ManagedVm {
     }
 
     /// A re-read that came back, compared with what the VM had.
-    fn apply_refresh(&mut self, info: VmInfo, resync: bool, topo: &HostTopology) -> Watch {
-        let resync = resync || std::mem::take(&mut self.resync_pending);
+    fn apply_refresh(&mut self, info: VmInfo, topo: &HostTopology) -> Watch {
+        let resync = std::mem::take(&mut self.resync_pending);
+        self.resyncs += u64::from(resync);
         let changed = !info.memory.same_as(&self.memory);
         log_backing(&self.name, Some(&self.backing), &info.backing);
         self.backing = info.backing.clone();
         let home_moved = self.follow_home(&info, topo);
         if changed {
+            self.memory_map_changes += 1;
             info!(
                 vm = %self.name, ram_mib = info.memory.bytes() >> 20, ranges = info.memory.ranges.len(),
                 reset = resync, "memory map changed; re-registering"
             );
             self.memory = Arc::new(info.memory.clone());
         } else if resync {
-            info!(vm = %self.name, reset = resync, home = ?self.home.map(|h| h.0), "re-registering");
+            info!(vm = %self.name, resyncs = self.resyncs, resets = self.resets, "guest reset or device event: channel restarted, hotness forgotten, placement kept");
         }
         Watch::Refreshed {
             info: Box::new(info),
             resync,
-            reregister: changed || resync,
+            reregister: changed,
             rehomed: home_moved,
         }
     }

@@ -1,13 +1,12 @@
-//! The daemon's two small servers: `GET /metrics` over HTTP (one endpoint on std::net; the text
-//! comes from `metrics::Published`) and the control socket (a Unix socket, one request line, one
-//! JSON answer).
+//! The daemon's two small servers: `GET /metrics` over HTTP (`metrics_endpoint`; the text comes
+//! from `metrics::Published`) and the control socket (a Unix socket, one request line, one JSON
+//! answer).
 
-use crate::metrics::{Published, CONTENT_TYPE};
+use crate::metrics::Published;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,51 +20,7 @@ pub enum CtlRequest {
     Reload(mpsc::Sender<Result<(), String>>),
 }
 
-/// Metrics clients served at once; more are turned away at once.
-pub const METRICS_CLIENTS: usize = 4;
-/// The time a metrics client has to send its request, and to take the answer, each.
-pub const METRICS_DEADLINE: Duration = Duration::from_secs(2);
-
-/// Serves `GET /metrics` until `stop`. Each client is served in a thread of its own, at most
-/// `METRICS_CLIENTS` at once, each within `METRICS_DEADLINE` to send its request and again to
-/// take the answer: a client that sends or reads slowly holds only its own thread, for a
-/// bounded time.
-pub fn spawn_metrics(
-    addr: &str,
-    shared: Shared,
-    stop: Arc<AtomicBool>,
-) -> std::io::Result<(std::thread::JoinHandle<()>, std::net::SocketAddr)> {
-    let l = TcpListener::bind(addr)?;
-    let local = l.local_addr()?;
-    l.set_nonblocking(true)?;
-    let active = Arc::new(AtomicUsize::new(0));
-    let h = std::thread::Builder::new()
-        .name("vtism-metrics".into())
-        .spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                match l.accept() {
-                    Ok((s, _)) => {
-                        if active.fetch_add(1, Ordering::AcqRel) >= METRICS_CLIENTS {
-                            active.fetch_sub(1, Ordering::AcqRel);
-                            continue; // dropped: the client sees the connection closed
-                        }
-                        let (shared, done) = (shared.clone(), active.clone());
-                        let spawned = std::thread::Builder::new()
-                            .name("vtism-metrics-client".into())
-                            .spawn(move || {
-                                serve_metrics_client(s, &shared);
-                                done.fetch_sub(1, Ordering::AcqRel);
-                            });
-                        if spawned.is_err() {
-                            active.fetch_sub(1, Ordering::AcqRel);
-                        }
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-        })?;
-    Ok((h, local))
-}
+pub use crate::metrics_endpoint::spawn_metrics;
 
 /// Reads from `s` into `buf` until `done` says the request is whole, the buffer is full or
 /// `deadline` passes, whichever comes first. Returns the bytes read.
@@ -104,19 +59,10 @@ fn write_within(s: &mut impl ReadTimeout, data: &[u8], deadline: Instant) {
     }
 }
 
-/// The streams the servers read with a timeout (TCP and Unix).
+/// The streams the control socket reads with a timeout.
 trait ReadTimeout: Read + Write {
     fn set_timeout(&self, t: Duration) -> std::io::Result<()>;
     fn set_write_timeout_to(&self, t: Duration) -> std::io::Result<()>;
-}
-
-impl ReadTimeout for TcpStream {
-    fn set_timeout(&self, t: Duration) -> std::io::Result<()> {
-        self.set_read_timeout(Some(t))
-    }
-    fn set_write_timeout_to(&self, t: Duration) -> std::io::Result<()> {
-        self.set_write_timeout(Some(t))
-    }
 }
 
 impl ReadTimeout for UnixStream {
@@ -126,27 +72,6 @@ impl ReadTimeout for UnixStream {
     fn set_write_timeout_to(&self, t: Duration) -> std::io::Result<()> {
         self.set_write_timeout(Some(t))
     }
-}
-
-fn serve_metrics_client(mut s: TcpStream, shared: &Shared) {
-    let _ = s.set_nonblocking(false);
-    let mut buf = [0u8; 4096];
-    let n = read_until(&mut s, &mut buf, Instant::now() + METRICS_DEADLINE, |b| {
-        b.windows(4).any(|w| w == b"\r\n\r\n") || b.windows(2).any(|w| w == b"\n\n")
-    });
-    let req = String::from_utf8_lossy(&buf[..n]);
-    let path = req.split_whitespace().nth(1).unwrap_or("");
-    let (code, ctype, body) =
-        if req.starts_with("GET ") && (path == "/metrics" || path.starts_with("/metrics?")) {
-            ("200 OK", CONTENT_TYPE, shared.metrics_text())
-        } else {
-            ("404 Not Found", "text/plain", "try /metrics\n".to_string())
-        };
-    let answer = format!(
-        "HTTP/1.1 {code}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    write_within(&mut s, answer.as_bytes(), Instant::now() + METRICS_DEADLINE);
 }
 
 /// Serves the control socket until `stop`. Requests: `status`, `metrics`, `reload`, `ping`.
@@ -316,71 +241,6 @@ mod tests {
         hm.join().unwrap();
         assert!(!sock.exists(), "socket removed on stop");
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    fn get_metrics(addr: std::net::SocketAddr) -> String {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body
-    }
-
-    /// Issue 14: one slow local client held the endpoint for 14.5 s. Now a client that trickles
-    /// its request, or sends nothing, holds only its own thread and is cut off at the deadline,
-    /// and a flood of idle connections is turned away beyond `METRICS_CLIENTS`.
-    #[test]
-    fn a_slow_metrics_client_does_not_hold_the_endpoint() {
-        let shared: Shared = Arc::new(Published::new(&MoverHistograms::default()));
-        shared.publish(Status::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (h, addr) = spawn_metrics("127.0.0.1:0", shared, stop.clone()).unwrap();
-        let trickler = std::thread::spawn(move || {
-            let mut s = std::net::TcpStream::connect(addr).unwrap();
-            let t = Instant::now();
-            for b in b"GET /metrics HTTP/1.0\r\n" {
-                if s.write_all(&[*b]).is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(150));
-            }
-            let mut rest = String::new();
-            let _ = s.read_to_string(&mut rest);
-            t.elapsed()
-        });
-        let idle: Vec<_> = (0..2 * METRICS_CLIENTS)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
-        std::thread::sleep(Duration::from_millis(100));
-        // Every slot may be taken by the idle ones now: a client is answered once they time out.
-        let t = Instant::now();
-        let mut body = get_metrics(addr);
-        while !body.starts_with("HTTP/1.1 200 OK") {
-            assert!(t.elapsed() < METRICS_DEADLINE * 3, "never answered");
-            std::thread::sleep(Duration::from_millis(50));
-            body = get_metrics(addr);
-        }
-        assert!(
-            t.elapsed() < METRICS_DEADLINE + Duration::from_secs(1),
-            "{:?}",
-            t.elapsed()
-        );
-        drop(idle);
-        // With the idle ones gone, a client is answered at once beside the trickling one.
-        let t = Instant::now();
-        assert!(get_metrics(addr).starts_with("HTTP/1.1 200 OK"));
-        assert!(
-            t.elapsed() < Duration::from_millis(500),
-            "{:?}",
-            t.elapsed()
-        );
-        let held = trickler.join().unwrap();
-        assert!(
-            held < METRICS_DEADLINE + Duration::from_secs(1),
-            "held for {held:?}"
-        );
-        stop.store(true, Ordering::SeqCst);
-        h.join().unwrap();
     }
 
     /// The control socket's path is never cleared unless it holds vtismd's own stale socket.

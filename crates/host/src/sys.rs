@@ -95,6 +95,24 @@ pub fn connect_unix_now(path: &Path) -> io::Result<UnixStream> {
     Ok(s)
 }
 
+/// poll(2) over `fds` for at most `timeout`, retried on EINTR; sets each `revents`. Returns how
+/// many descriptors are ready.
+pub fn poll(fds: &mut [libc::pollfd], timeout: std::time::Duration) -> io::Result<usize> {
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    loop {
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs that the kernel writes
+        // only the `revents` of.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// move_pages(2) on another process. `nodes = None` only queries where the pages are.
 /// `status[i]` receives the node of page i, or a negative errno. Returns the syscall's result:
 /// `Ok(n)` with n the number of pages not moved (>= 0), or the errno of a whole-call failure.

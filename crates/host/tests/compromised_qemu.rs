@@ -8,11 +8,12 @@
 mod common;
 
 use common::{
-    answer, daemon_sections, fake_qemu_with, map_like_qemu, serve_until_killed, shm_test_dir,
-    spawn_fake_child, Kid, RAM_FRAMES,
+    answer_ram, daemon_sections, fake_qemu_with_events, map_like_qemu, serve_until_killed,
+    shm_test_dir, spawn_fake_child, Kid, RAM_FRAMES,
 };
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicBool;
@@ -45,41 +46,119 @@ fn hostile_qemu_process() {
     ) else {
         return;
     };
+    if mode == "silent" {
+        silent_sockets(Path::new(&sock));
+    }
     // QEMU maps its ivshmem backend; a fake told otherwise maps another file, or none.
     let map = std::env::var("VTISM_FAKE_QEMU_MAP").unwrap_or_else(|_| chan.clone());
     let _backend = (!map.is_empty()).then(|| map_like_qemu(Path::new(&map)));
+    // A claim of many GiB is mapped, never touched (MAP_NORESERVE): what a lying QEMU can do.
+    let ram_gib: u64 = std::env::var("VTISM_FAKE_QEMU_RAM_GIB").map_or(0, |g| g.parse().unwrap());
     let mut ram = vec![7u8; (RAM_FRAMES as usize + 1) * 4096];
-    let hva = (ram.as_mut_ptr() as u64 + 4095) & !4095;
+    let (hva, ram_frames) = if ram_gib == 0 {
+        ((ram.as_mut_ptr() as u64 + 4095) & !4095, RAM_FRAMES)
+    } else {
+        // SAFETY: a fresh anonymous mapping, at an address the kernel picks; nothing else
+        // refers to it, and it lives until the process ends.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                (ram_gib << 30) as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        (p as u64, ram_gib << 18)
+    };
     let turn = PathBuf::from(format!("{sock}.turn"));
     let tid = std::process::id() as i32;
     let stop = Arc::new(AtomicBool::new(false));
     let chan = PathBuf::from(chan);
-    let _server = fake_qemu_with(PathBuf::from(&sock), stop, move |cmd| {
-        let honest = answer(cmd, &name, &chan, hva, tid);
-        if !turn.exists() || cmd["execute"] == "qmp_capabilities" {
-            return honest;
+    let (resetting, execs) = (mode == "resetting", mode == "exec");
+    let cue = turn.clone();
+    let events = move || {
+        if execs && cue.exists() {
+            exec_sleep_keeping_fds();
         }
-        match mode.as_str() {
-            "slow" => {
-                std::thread::sleep(SLOW_ANSWER);
-                honest
-            }
-            // Busy once: one answer later than the exchange's deadline, then on time again.
-            "hiccup" => {
-                std::thread::sleep(HICCUP);
-                let _ = std::fs::remove_file(&turn);
-                honest
-            }
-            "huge" => json!("x".repeat(16 << 20)),
-            // gpa2hva points at memory this process does not map.
-            "lying" if cmd["arguments"]["command-line"] == "gpa2hva 0x0" => {
-                json!("Host virtual address for 0x0 (ram0) is 0x100000000000\r\n")
-            }
-            _ => honest,
+        if resetting && cue.exists() {
+            vec!["RESET"]
+        } else {
+            Vec::new()
         }
-    });
+    };
+    let _server = fake_qemu_with_events(
+        PathBuf::from(&sock),
+        stop,
+        move |cmd| {
+            let honest = answer_ram(cmd, &name, &chan, hva, tid, ram_frames);
+            if !turn.exists() || cmd["execute"] == "qmp_capabilities" {
+                return honest;
+            }
+            match mode.as_str() {
+                "slow" => {
+                    std::thread::sleep(SLOW_ANSWER);
+                    honest
+                }
+                // Busy once: one answer later than the exchange's deadline, then on time again.
+                "hiccup" => {
+                    std::thread::sleep(HICCUP);
+                    let _ = std::fs::remove_file(&turn);
+                    honest
+                }
+                "huge" => json!("x".repeat(16 << 20)),
+                // gpa2hva points at memory this process does not map.
+                "lying" if cmd["arguments"]["command-line"] == "gpa2hva 0x0" => {
+                    json!("Host virtual address for 0x0 (ram0) is 0x100000000000\r\n")
+                }
+                _ => honest,
+            }
+        },
+        events,
+    );
     serve_until_killed();
     drop(ram);
+}
+
+/// A QEMU process (it passes the executable and uid checks) that never greets on any of its
+/// sockets: 100 in the scan directory named to sort before the others, one more every second,
+/// and `sock` itself last (issue 24: these kept a real VM unattached for 150 s). Never returns.
+fn silent_sockets(sock: &Path) -> ! {
+    let dir = sock.parent().unwrap();
+    let bind = |i: u32| UnixListener::bind(dir.join(format!("a{i:05}.qmp"))).unwrap();
+    let mut held: Vec<UnixListener> = (0..100).map(bind).collect();
+    held.push(UnixListener::bind(sock).unwrap());
+    for i in 100.. {
+        std::thread::sleep(Duration::from_secs(1));
+        held.push(bind(i));
+    }
+    unreachable!()
+}
+
+/// What a compromised QEMU can do after admission: run another program in the same process
+/// (same pid, same start time), keeping its QMP connection open, so that only the program
+/// itself tells. Returns only if the exec failed.
+fn exec_sleep_keeping_fds() {
+    for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if let Ok(fd) = fd.file_name().to_string_lossy().parse::<i32>() {
+            // SAFETY: F_SETFD on a descriptor number of this process changes only its flags;
+            // one that closed meanwhile fails harmlessly.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+        }
+    }
+    let prog = std::ffi::CString::new("/bin/sleep").unwrap();
+    let args = [prog.clone(), std::ffi::CString::new("600").unwrap()];
+    let argv: Vec<*const libc::c_char> = args
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    // SAFETY: a NUL-terminated path and a NULL-terminated argv of NUL-terminated strings that
+    // live across the call; execv returns only on failure.
+    unsafe { libc::execv(prog.as_ptr(), argv.as_ptr()) };
+    panic!("execv /bin/sleep: {}", std::io::Error::last_os_error());
 }
 
 struct Vm {
@@ -123,12 +202,22 @@ fn test_dir(tag: &str) -> PathBuf {
 }
 
 fn daemon(dir: &Path, refresh_ms: u64, exchange_ms: u64) -> Daemon {
+    daemon_with(dir, refresh_ms, exchange_ms, |_| {})
+}
+
+fn daemon_with(
+    dir: &Path,
+    refresh_ms: u64,
+    exchange_ms: u64,
+    change: impl FnOnce(&mut Config),
+) -> Daemon {
     let mut cfg = Config::parse(&format!(
         "{}\n[defaults]\nfast_quota_percent = 25.0\n",
         daemon_sections(dir, refresh_ms)
     ))
     .unwrap();
     cfg.admission.qmp_exchange_timeout_ms = exchange_ms;
+    change(&mut cfg);
     cfg.validate().unwrap();
     Daemon::new(cfg, None).unwrap()
 }
@@ -276,8 +365,8 @@ fn spoofed_sockets_are_refused_without_a_thread_each() {
         "{m}"
     );
     // (Retries of a socket whose backlog the first attempt filled fail at once: `failed`.)
-    // Two attach threads and the good VM's refresh thread at most.
-    assert!(most <= before + 3, "{most} threads, {before} before");
+    // The greeter, two attach threads and the good VM's refresh thread at most.
+    assert!(most <= before + 4, "{most} threads, {before} before");
     assert!(slowest < ON_TIME, "a round took {slowest:?}");
     let vms = d.status()["vms"].as_array().unwrap().len();
     assert_eq!(vms, 1, "only the real VM is managed: {}", d.status());
@@ -382,6 +471,227 @@ fn a_monitor_late_once_keeps_its_vm() {
     assert!(slowest < ON_TIME, "a round took {slowest:?}");
     d.shutdown();
     drop((good, busy));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_guest_resetting_in_a_loop_costs_one_reread_per_interval() {
+    let _beside = beside_others();
+    // Issue 24: each RESET started a re-read and re-registered the VM, whose placement sweep
+    // then started over at full speed on the main loop; one 22 GiB guest resetting every second
+    // kept the main loop 74% busy. Now events are taken together into one re-read per
+    // `resync_min_interval_ms`, and a reset on the same memory map keeps the placement.
+    let dir = test_dir("resetting");
+    let good = spawn_qemu(&dir, "good", "good");
+    let bad = spawn_qemu(&dir, "bad", "resetting");
+    let mut d = daemon_with(&dir, 60_000, 10_000, |c| {
+        c.discovery.resync_min_interval_ms = 500
+    });
+    let mut guest = Guest::new(&good);
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        vm_status(d, "bad").is_some_and(|v| v["reconcile_sweeps"].as_u64() >= Some(1))
+            && accepted(d, "good") >= 2
+    });
+    let id = vm_status(&d, "bad").unwrap()["id"].clone();
+    let sweeps = vm_status(&d, "bad").unwrap()["reconcile_sweeps"]
+        .as_u64()
+        .unwrap();
+    bad.turn(); // a RESET every 50 ms from now on
+    let accepted_before = accepted(&d, "good");
+    let t = Instant::now();
+    let slowest = rounds(&mut d, &mut guest, Duration::from_secs(30), |_| {
+        t.elapsed() >= Duration::from_secs(4)
+    });
+    let took = t.elapsed();
+    let v = vm_status(&d, "bad").expect("a resetting guest is still managed");
+    let (resets, resyncs) = (
+        v["resets"].as_u64().unwrap(),
+        v["resyncs"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "resetting: {resets} resets, {resyncs} re-reads in {took:?}, slowest round {slowest:?}"
+    );
+    assert_eq!(v["id"], id, "the VM was dropped and attached again");
+    assert!(resets >= 20, "the fake sent few resets: {resets}");
+    // One re-read per 500 ms (the first at once), and at least one: resets are acted on.
+    let most = took.as_millis() as u64 / 500 + 1;
+    assert!(
+        (1..=most).contains(&resyncs),
+        "{resyncs} re-reads in {took:?} (at most {most})"
+    );
+    // The same memory map: not re-registered, the placement learnt is kept.
+    assert_eq!(v["memory_map_changes"], 0, "{v}");
+    assert!(v["reconcile_sweeps"].as_u64().unwrap() >= sweeps, "{v}");
+    assert!(slowest < ON_TIME, "a round took {slowest:?}");
+    let more = accepted(&d, "good") - accepted_before;
+    assert!(
+        more >= (took.as_millis() / 100) as u64,
+        "{more} good rounds in {took:?}"
+    );
+    // The counts are in the metrics.
+    let m = vtism_host::serve::ctl_request(&dir.join("ctl.sock"), "metrics").unwrap();
+    let m = m["metrics"].as_str().unwrap();
+    assert!(
+        m.contains(&format!("vtism_vm_resyncs_total{{vm=\"bad\"}} {resyncs}")),
+        "{m}"
+    );
+    d.shutdown();
+    drop((good, bad));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fake_ram_claims_are_bounded_by_the_host() {
+    let _beside = beside_others();
+    // Issue 24: 16 fake VMs claiming 22 GiB each were admitted on a 23.5 GiB host (364 MiB of
+    // daemon memory, rounds of 4.7-6.5 s until their first sweeps ended). Under a 48 GiB bound
+    // two such claims fit beside the good VM, the others are refused; the two first sweeps
+    // share one round's 16 GiB of queries.
+    let dir = test_dir("fake-ram");
+    let good = spawn_qemu(&dir, "good", "good");
+    let fakes: Vec<Vm> = (0..4)
+        .map(|i| {
+            spawn_qemu_with(
+                &dir,
+                &format!("fake{i}"),
+                &[("VTISM_FAKE_QEMU_RAM_GIB", "22")],
+            )
+        })
+        .collect();
+    let mut d = daemon_with(&dir, 60_000, 10_000, |c| {
+        c.admission.max_vm_ram_gib = 32;
+        c.admission.max_total_ram_gib = 48;
+    });
+    let mut guest = Guest::new(&good);
+    let fakes_in = |d: &Daemon| {
+        (0..4)
+            .filter_map(|i| vm_status(d, &format!("fake{i}")))
+            .collect::<Vec<_>>()
+    };
+    let slowest = rounds(&mut d, &mut guest, Duration::from_secs(60), |d| {
+        let (c, _) = d.admission_counts();
+        let swept = fakes_in(d)
+            .iter()
+            .all(|v| v["reconcile_sweeps"].as_u64() >= Some(1));
+        c.refused.get("ram_over_host").copied().unwrap_or(0) >= 2
+            && fakes_in(d).len() == 2
+            && swept
+            && accepted(d, "good") >= 5
+    });
+    let st = d.status();
+    eprintln!("fake RAM: slowest round {slowest:?}; {}", st["daemon"]);
+    assert!(slowest < ON_TIME, "a round took {slowest:?}");
+    assert_eq!(fakes_in(&d).len(), 2, "{st}");
+    let refused = st["daemon"]["admission_refused"]["ram_over_host"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(refused >= 2, "{}", st["daemon"]);
+    let m = vtism_host::serve::ctl_request(&dir.join("ctl.sock"), "metrics").unwrap();
+    let m = m["metrics"].as_str().unwrap();
+    assert!(
+        m.contains("vtism_admission_refused_total{reason=\"ram_over_host\"} "),
+        "{m}"
+    );
+    // The good VM is served on, beside the two fakes, while the others are refused.
+    let before = accepted(&d, "good");
+    let slowest = rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        accepted(d, "good") >= before + 5
+    });
+    assert!(slowest < ON_TIME, "a round took {slowest:?}");
+    assert_eq!(fakes_in(&d).len(), 2);
+    d.shutdown();
+    drop((good, fakes));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_qemu_that_execs_another_program_is_let_go_within_a_round() {
+    let _beside = beside_others();
+    // Issue 24: a binary named qemu-system-x86_64 that exec'd python3 after admission was
+    // managed until the next re-read (10 s), and 687,934 page moves were issued against
+    // python3. Re-reads here come every 60 s: only the per-round check can notice.
+    let dir = test_dir("exec");
+    let good = spawn_qemu(&dir, "good", "good");
+    let bad = spawn_qemu(&dir, "bad", "exec");
+    let mut d = daemon(&dir, 60_000, 10_000);
+    let mut guest = Guest::new(&good);
+    rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        vm_status(d, "bad").is_some() && accepted(d, "good") >= 2
+    });
+    let pid = vm_status(&d, "bad").unwrap()["pid"].as_i64().unwrap();
+    let accepted_before = accepted(&d, "good");
+    bad.turn();
+    let t = Instant::now();
+    let slowest = rounds(&mut d, &mut guest, Duration::from_secs(30), |d| {
+        vm_status(d, "bad").is_none()
+    });
+    let took = t.elapsed();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    eprintln!(
+        "exec: let go after {took:?} (pid {pid} runs {})",
+        exe.display()
+    );
+    assert!(
+        exe.ends_with("sleep"),
+        "the fake did not exec: {}",
+        exe.display()
+    );
+    assert!(took < Duration::from_secs(2), "let go after {took:?}");
+    assert!(slowest < ON_TIME, "a round took {slowest:?}");
+    assert!(vm_status(&d, "good").is_some());
+    assert!(accepted(&d, "good") > accepted_before);
+    assert!(d.status()["daemon"]["vms_dropped"].as_u64().unwrap() >= 1);
+    d.shutdown();
+    drop((good, bad));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn silent_sockets_do_not_keep_a_new_vm_waiting() {
+    let _counting = counting_threads();
+    // 100 silent sockets of one QEMU process, one more a second, all sorted before the real
+    // VM's: each used to hold an attach thread until its greeting timed out (2 s here), two
+    // threads for 100 sockets and more. Now the greeter waits for all their greetings at once
+    // and the real VM, which greets, is attached in the next scans.
+    let dir = test_dir("silent");
+    let spam = spawn_qemu(&dir, "spam", "silent");
+    let mut d = daemon(&dir, 60_000, 10_000);
+    let before = threads();
+    let t = Instant::now();
+    let mut most = 0;
+    while t.elapsed() < Duration::from_secs(3) {
+        d.round();
+        most = most.max(threads());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        d.admission_counts().0.failed > 0,
+        "the silent sockets were tried"
+    );
+    let good = spawn_qemu(&dir, "good", "good");
+    let t = Instant::now();
+    let mut guest = Guest::new(&good);
+    let slowest = rounds(&mut d, &mut guest, Duration::from_secs(60), |d| {
+        most = most.max(threads());
+        accepted(d, "good") >= 3
+    });
+    let took = t.elapsed();
+    let (c, _) = d.admission_counts();
+    eprintln!("silent: good attached and served after {took:?}; {most} threads at most ({before} before); {c:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "the real VM waited {took:?}"
+    );
+    assert!(slowest < ON_TIME, "a round took {slowest:?}");
+    assert!(
+        c.failed >= 64,
+        "silent sockets are counted as failed attaches: {c:?}"
+    );
+    // The greeter, two attach threads and the good VM's refresh thread at most.
+    assert!(most <= before + 4, "{most} threads, {before} before");
+    assert!(vm_status(&d, "spam").is_none(), "{}", d.status());
+    d.shutdown();
+    drop((spam, good));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -17,6 +17,18 @@ use vtism_proto::MmapRegion;
 pub const RAM_FRAMES: u64 = 1024;
 
 pub fn answer(cmd: &Value, name: &str, chan: &Path, hva: u64, vcpu_tid: i32) -> Value {
+    answer_ram(cmd, name, chan, hva, vcpu_tid, RAM_FRAMES)
+}
+
+/// As `answer`, for a guest RAM of `ram_frames` frames at `hva`.
+pub fn answer_ram(
+    cmd: &Value,
+    name: &str,
+    chan: &Path,
+    hva: u64,
+    vcpu_tid: i32,
+    ram_frames: u64,
+) -> Value {
     let args = &cmd["arguments"];
     match cmd["execute"].as_str().unwrap_or("") {
         "qmp_capabilities" => json!({}),
@@ -32,7 +44,7 @@ pub fn answer(cmd: &Value, name: &str, chan: &Path, hva: u64, vcpu_tid: i32) -> 
             "size" => json!(1 << 20),
             _ => json!({"error": {"class": "GenericError", "desc": "no such property"}}),
         },
-        "query-memdev" => json!([{"id": "ram0", "size": RAM_FRAMES * 4096}, {"id": "vtism-chan"}]),
+        "query-memdev" => json!([{"id": "ram0", "size": ram_frames * 4096}, {"id": "vtism-chan"}]),
         "query-cpus-fast" => json!([{"thread-id": vcpu_tid, "cpu-index": 0}]),
         "human-monitor-command" => {
             let c = args["command-line"].as_str().unwrap_or("");
@@ -41,7 +53,7 @@ pub fn answer(cmd: &Value, name: &str, chan: &Path, hva: u64, vcpu_tid: i32) -> 
                     "FlatView #0\r\n AS \"memory\", root: system\r\n Root memory region: system\r\n  \
                      0000000000000000-{:016x} (prio 0, ram): ram0\r\n  \
                      00000000fe000000-00000000fe0fffff (prio 1, ram): vtism-chan\r\n",
-                    RAM_FRAMES * 4096 - 1
+                    ram_frames * 4096 - 1
                 ))
             } else if c.starts_with("gpa2hva 0x0") {
                 json!(format!(
@@ -76,6 +88,17 @@ pub fn fake_qemu_with(
     stop: Arc<AtomicBool>,
     reply: impl Fn(&Value) -> Value + Send + 'static,
 ) -> std::thread::JoinHandle<()> {
+    fake_qemu_with_events(sock, stop, reply, Vec::new)
+}
+
+/// As `fake_qemu_with`, also sending what `events` returns (QMP event names) to a connected
+/// client whenever no command came for 50 ms.
+pub fn fake_qemu_with_events(
+    sock: PathBuf,
+    stop: Arc<AtomicBool>,
+    reply: impl Fn(&Value) -> Value + Send + 'static,
+    events: impl Fn() -> Vec<&'static str> + Send + 'static,
+) -> std::thread::JoinHandle<()> {
     let l = UnixListener::bind(&sock).unwrap();
     l.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
@@ -108,7 +131,13 @@ pub fn fake_qemu_with(
                         let _ = writeln!(w, "{msg}");
                         line.clear();
                     }
-                    Err(_) => {} // timeout: check stop
+                    Err(_) => {
+                        // timeout: events, then check stop
+                        for e in events() {
+                            let t = json!({"seconds": 0, "microseconds": 0});
+                            let _ = writeln!(w, "{}", json!({"event": e, "timestamp": t}));
+                        }
+                    }
                 }
             }
             // Dropping the stream is QEMU going away.
@@ -151,10 +180,13 @@ retry_backoff_ms = 100
 qmp_timeout_ms = 2000
 [admission]
 qemu_executables = ["{exe}"]
+qemu_uids = [{uid}]
 [host_tracking]
 damon_root = "{no_damon}"
 "#,
         exe = this_executable(),
+        // SAFETY: getuid(2) cannot fail and touches no memory.
+        uid = unsafe { libc::getuid() },
         ctl = dir.join("ctl.sock").display(),
         sysfs = sysfs.display(),
         qmp = dir.join("qmp").display(),
