@@ -89,8 +89,7 @@ impl Reconcile {
         while left > 0 {
             let start = s.cursor % total;
             let n = left.min(total - start).min(QUERY_FRAMES as u64);
-            let gfns: Vec<Gfn> = (start..start + n).filter_map(|i| ram.gfn_at(i)).collect();
-            match query(vm, &gfns, topo) {
+            match query_dense(vm, start, n, topo) {
                 Ok(facts) => {
                     tiering.learn(facts);
                 }
@@ -106,6 +105,35 @@ impl Reconcile {
             left -= n;
         }
     }
+}
+
+/// Where the frames at dense indexes `[first, first + n)` are, as runs of one node.
+fn query_dense(
+    vm: &ManagedVm,
+    first: u64,
+    n: u64,
+    topo: &HostTopology,
+) -> std::io::Result<Vec<PlacementRun>> {
+    let (gfns, addrs) = vm.memory.dense_frames(first, n);
+    let mut status = vec![0i32; addrs.len()];
+    sys::move_pages(vm.pid, &addrs, None, &mut status, 0)?;
+    let mut runs: Vec<PlacementRun> = Vec::new();
+    for (&g, st) in gfns.iter().zip(status) {
+        let node = node_of(st, topo);
+        match runs.last_mut() {
+            Some(r) if r.node == node && r.gfn.0 + r.frames == g.0 => r.frames += 1,
+            _ => runs.push(PlacementRun::frame(vm.id, g, node)),
+        }
+    }
+    Ok(runs)
+}
+
+/// The node a move_pages status names, if it is one of the topology's.
+fn node_of(status: i32, topo: &HostTopology) -> Option<NodeId> {
+    u8::try_from(status)
+        .ok()
+        .map(NodeId)
+        .filter(|n| topo.node(*n).is_some())
 }
 
 /// Hinted frames whose node the engine does not know yet (first touched after the last sweep)
@@ -183,13 +211,7 @@ fn query(vm: &ManagedVm, gfns: &[Gfn], topo: &HostTopology) -> std::io::Result<V
     Ok(gfns
         .iter()
         .zip(status)
-        .map(|(&g, st)| {
-            let node = u8::try_from(st)
-                .ok()
-                .map(NodeId)
-                .filter(|n| topo.node(*n).is_some());
-            PlacementRun::frame(vm.id, g, node)
-        })
+        .map(|(&g, st)| PlacementRun::frame(vm.id, g, node_of(st, topo)))
         .collect())
 }
 
