@@ -182,6 +182,24 @@ check "vtismd: logs to the journal" bash -c "journalctl -u vtismd --no-pager | t
 check "vtismd: the unit's sandbox let it move pages (no permission errors in the journal)" \
 	bash -c "! grep -iE 'permission denied|EPERM|EACCES' $OUT/vtismd.journal"
 
+step "host tracking under the unit's sandbox; a killed vtismd's kdamond"
+# DAMON on the host for web1 too (a second signal beside its channel): vtismd writes DAMON's
+# sysfs files, which the unit's ProtectKernelTunables makes read-only unless it says otherwise.
+kdamond() { vtism ctl status --json | python3 -c "import json,sys; k=json.load(sys.stdin)['daemon']['host_kdamond']; print(k['state'], k['kdamond_pid'])"; }
+export -f kdamond
+printf '[host_tracking]\nmode = "on"\n' >>/etc/vtism/vtismd.toml
+check "vtismd: host tracking runs web1's kdamond under the unit's sandbox" bash -c \
+	"systemctl reload vtismd && for i in \$(seq 60); do k=\$(kdamond 2>/dev/null); [ \"\${k%% *}\" = running ] && echo \"\$k\" && exit 0; sleep 0.5; done; echo \"\$k\"; exit 1"
+pid1=$(systemctl show -p MainPID --value vtismd)
+kd1=$(kdamond 2>/dev/null | cut -d' ' -f2)
+systemctl kill -s KILL vtismd
+# ExecStopPost (vtism host --clean-up) takes the kdamond back; Restart=on-failure starts a new
+# vtismd, which runs a kdamond of its own.
+check "vtismd: killed with SIGKILL, its kdamond taken back and the restarted vtismd runs its own" \
+	wait_for 90 bash -c "p=\$(systemctl show -p MainPID --value vtismd); k=\$(kdamond 2>/dev/null); echo \"pid \$p, kdamond \$k\"; [ \"\$p\" != $pid1 ] && [ \"\$p\" != 0 ] && [ \"\${k%% *}\" = running ] && [ \"\${k#* }\" != '$kd1' ] && [ \"\$(cat /sys/kernel/mm/damon/admin/kdamonds/nr_kdamonds)\" = 1 ]"
+check "vtismd: the journal says the killed vtismd's kdamond was taken back" \
+	bash -c "journalctl -u vtismd --no-pager | grep 'took back the host kdamond'"
+
 step "removal"
 kill $PUB 2>/dev/null
 virsh destroy web1 >/dev/null
