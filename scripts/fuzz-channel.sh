@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Reproduces the channel-reader fuzz run recorded in docs/channel.md ("Fuzzing").
 # Usage: scripts/fuzz-channel.sh [seconds]   (default 600; one job, niced: the machine is shared)
+# What it finds accumulates in fuzz/corpora/channel_reader and fuzz/executions.tsv
+# (scripts/fuzz-run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-600}
-command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 
 # Seed the corpus with the shared vectors, as mode 0 (raw region) with the RAM map [0, 0x80000):
 # mode 0, one range starting at 0, no gap, length 0x7ffff + 1.
@@ -15,6 +16,4 @@ for f in tests/vectors/channel/*.bin; do
         > "$corpus/seed-$(basename "$f" .bin)"
 done
 
-cd fuzz
-nice -n 10 cargo +nightly fuzz run channel_reader "corpus/channel_reader" -- \
-    -max_total_time="$secs" -max_len=16500 -timeout=10 -print_final_stats=1
+exec scripts/fuzz-run.sh channel_reader "$secs" 16500

@@ -2,10 +2,10 @@
 # Fuzzes what vtismd parses from a QEMU monitor (fuzz/fuzz_targets/qmp_reply.rs); the run is
 # recorded in docs/host.md ("Threat model: compromised QEMU").
 # Usage: scripts/fuzz-qmp.sh [seconds]   (default 600; one job, niced: the machine is shared)
+# What it finds accumulates in fuzz/corpora/qmp_reply and fuzz/executions.tsv (scripts/fuzz-run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-600}
-command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 
 # Seeds: what real QEMU 7.2 sent in the captured inspect exchanges (mode 0: the whole monitor
 # side of the exchange), and the same answers split for mode 1.
@@ -22,6 +22,4 @@ for f in crates/host/tests/fixtures/qemu-7.2/mtree-*.txt; do
     } > "$corpus/seed-$(basename "$f" .txt)"
 done
 
-cd fuzz
-nice -n 10 cargo +nightly fuzz run qmp_reply "corpus/qmp_reply" -- \
-    -max_total_time="$secs" -max_len=65536 -timeout=10 -print_final_stats=1
+exec scripts/fuzz-run.sh qmp_reply "$secs" 65536
