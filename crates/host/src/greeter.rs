@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// Sockets waiting for a greeting at once; more wait in the queue.
 pub const MAX_WAITING: usize = 1024;
 
-/// How long the greeter sleeps at most when nothing is due, so new sockets are taken promptly.
+/// How long the greeter waits on its sockets at most before taking new ones.
 const TICK: Duration = Duration::from_millis(50);
 
 /// A socket whose peer passed the checks and greeted: the attach thread goes on from here.
@@ -77,15 +77,12 @@ pub fn run<S: GreetSettings>(
     let mut waiting: Vec<Waiting<S>> = Vec::new();
     let mut open = true;
     while open || !waiting.is_empty() {
-        // New sockets: wait for one only while nothing else is due.
+        // New sockets: block for one only while nothing else waits (an idle greeter sleeps).
         while open && waiting.len() < MAX_WAITING {
             let job = if waiting.is_empty() {
-                jobs.recv_timeout(TICK)
+                jobs.recv().map_err(|_| mpsc::TryRecvError::Disconnected)
             } else {
-                jobs.try_recv().map_err(|e| match e {
-                    mpsc::TryRecvError::Empty => mpsc::RecvTimeoutError::Timeout,
-                    mpsc::TryRecvError::Disconnected => mpsc::RecvTimeoutError::Disconnected,
-                })
+                jobs.try_recv()
             };
             match job {
                 Ok((socket, settings)) => match start(socket, settings) {
@@ -96,8 +93,8 @@ pub fn run<S: GreetSettings>(
                         }
                     }
                 },
-                Err(mpsc::RecvTimeoutError::Timeout) => break,
-                Err(mpsc::RecvTimeoutError::Disconnected) => open = false,
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => open = false,
             }
         }
         if waiting.is_empty() {
