@@ -19,8 +19,10 @@ import re
 import statistics
 import struct
 import sys
+import time
 
 import chanmon
+import corepin
 from chanmon import LEVEL_1HZ, decode, rate_hz
 
 FEEDBACK_BUDGET = chanmon.FEEDBACK_BUDGET
@@ -36,6 +38,10 @@ class ModuleMonitor(chanmon.Monitor):
         self.notes = []
         self.quota_written = {}
         self.host_wait = {}
+        self.vcpu_wait = {}  # phase -> vCPU 0's run delay, while it had a CPU of its own
+        self.pin = None
+        self.pin_note = None
+        self.swept = 0.0
 
     # ---- while the guest runs ----
     def host_run_delay_us(self):
@@ -50,6 +56,31 @@ class ModuleMonitor(chanmon.Monitor):
         except (OSError, ValueError, IndexError, AttributeError):
             return None
         return total // 1000
+
+    def pin_vcpu(self):
+        """budget1: vCPU 0 (the tracker's, guest-init binds it) on a host CPU of its own."""
+        self.pin = corepin.CorePin(self.qemu_pid)
+        core = self.pin.pin()
+        self.pin_note = ("vCPU 0 alone on host CPU %d, the rest of the suite on the others" % core
+                         if core is not None else "vCPU 0 not pinned: %s" % self.pin.why_not)
+        self.swept = time.monotonic()
+
+    def unpin_vcpu(self):
+        if self.pin is not None:
+            self.pin.release()
+            self.pin = None
+
+    def poll_channel(self):
+        super().poll_channel()
+        if self.pin is not None and time.monotonic() - self.swept > 1.0:
+            self.pin.sweep()
+            self.swept = time.monotonic()
+
+    def run(self, cmd):
+        try:
+            super().run(cmd)
+        finally:
+            self.unpin_vcpu()
 
     def write_quota(self, quota):
         """The host's fast_quota_bytes (0x820), under the feedback seqlock."""
@@ -67,6 +98,12 @@ class ModuleMonitor(chanmon.Monitor):
         m = re.match(r"VTSTAT (\S+) ", line)
         if m and m.group(1) not in self.host_wait:
             self.host_wait[m.group(1)] = self.host_run_delay_us()
+            if self.pin is not None and self.pin.vcpu0 is not None:
+                self.vcpu_wait[m.group(1)] = corepin.run_delay_us(self.qemu_pid, self.pin.vcpu0)
+        if line.startswith("VTPHASE budget1 "):
+            self.pin_vcpu()
+        elif line.startswith("VTPHASE budget1-end "):
+            self.unpin_vcpu()
         m = re.match(r"VTGT idle (\d+) (\d+)$", line)
         if m:
             first, n = int(m.group(1)), int(m.group(2))
@@ -293,13 +330,16 @@ class ModuleMonitor(chanmon.Monitor):
         # guards against opened 1-2 coarse windows in 11 s and no burst); coarse windows leave a
         # quarter of the budget to fine bursts, however costly they are under TCG.
         hw = self.host_wait.get("budget1-start"), self.host_wait.get("budget1")
+        vw = self.vcpu_wait.get("budget1-start"), self.vcpu_wait.get("budget1")
         self.check("budget-progress", cw is not None and cw >= 3 and bursts,
                    "cpu_budget_bp=100 (the default, 1%%) under TCG: %s coarse windows and %s "
                    "fine bursts in %.1f s (%.1f ms of CPU, largest debt lately %s us), %s budget "
-                   "waits; QEMU's threads waited %s ms on the host's run queues" % (
+                   "waits; QEMU's threads waited %s ms on the host's run queues, vCPU 0 %s ms "
+                   "(%s)" % (
                        cw, bursts, (el1 or 0) / 1e6, (cpu1 or 0) / 1e3,
                        self.stat("budget1", "overdraw_us"), waits,
-                       "?" if None in hw else (hw[1] - hw[0]) // 1000))
+                       "?" if None in hw else (hw[1] - hw[0]) // 1000,
+                       "?" if None in vw else (vw[1] - vw[0]) // 1000, self.pin_note))
         # A bank less the coarse reserve (at most half of it) that pays for less than one
         # region's burst: a burst that waited for all of it never came (the testbed's slow
         # nested guest made one sweep in 377 s).

@@ -14,6 +14,7 @@
 # env:   VTISM_E2E_OUT   work dir (default <repo>/build/e2e)
 #        VTISM_E2E_TIMEOUT  per-guest timeout in seconds (default 600)
 #        VTISM_E2E_DAMON=0  skip the DAMON agent scenario (run with 6.12; run-damon-e2e.sh)
+#        VTISM_E2E_BESIDE   session ids of suites run beside it (corepin.py moves them)
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -100,10 +101,11 @@ for s in "${series[@]}"; do
 	ts=$(date +%s)
 	# Not niced: under TCG a guest has no steal time, so the time the host keeps a vCPU waiting
 	# is charged to whatever the guest was running (the tracker's 1% budget), and a guest niced
-	# below a load beside it waits three times as long (cpu-budget, budget-progress).
+	# below a load beside it waits three times as long (cpu-budget, budget-progress). Named
+	# threads: for budget-progress, modmon gives "CPU 0/TCG" a host CPU of its own (corepin.py).
 	python3 "$tests/modmon.py" --channel "$chan" --serial "$d/serial.log" --label "$s" \
 		--timeout "$timeout" -- \
-		qemu-system-x86_64 -accel tcg -cpu "$cpu" -smp 2 -m 1G \
+		qemu-system-x86_64 -accel tcg -cpu "$cpu" -smp 2 -m 1G -name "vtism-e2e-$s,debug-threads=on" \
 		-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
 		-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
 		-append "console=ttyS0 quiet panic=-1 vtism.params=$params" \
