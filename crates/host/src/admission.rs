@@ -91,7 +91,8 @@ impl Refusal {
     }
 }
 
-/// The admission rules in force, resolved once per scan (the attach threads get a copy).
+/// The admission rules, resolved from the configuration, the host's RAM and /etc/passwd (the
+/// attach and refresh threads get a copy).
 #[derive(Clone, Debug)]
 pub struct Rules {
     pub executables: Vec<String>,
@@ -102,11 +103,16 @@ pub struct Rules {
 }
 
 impl Rules {
-    pub fn new(cfg: &AdmissionConfig, host_ram_bytes: u64) -> Rules {
+    /// `passwd` is the text of /etc/passwd, read only when `qemu_uids` is not set.
+    pub fn new(
+        cfg: &AdmissionConfig,
+        host_ram_bytes: u64,
+        passwd: impl FnOnce() -> String,
+    ) -> Rules {
         Rules {
             executables: cfg.qemu_executables.clone(),
             uids: if cfg.qemu_uids.is_empty() {
-                qemu_users(&std::fs::read_to_string("/etc/passwd").unwrap_or_default())
+                qemu_users(&passwd())
             } else {
                 cfg.qemu_uids.clone()
             },
@@ -191,6 +197,83 @@ impl Rules {
         }
         Ok(())
     }
+}
+
+/// The rules in force: resolved when a configuration is applied, and again when /etc/passwd
+/// changes while `admission.qemu_uids` is not set (libvirt installed after vtismd started), not
+/// at every scan and refresh.
+pub struct RulesInForce {
+    cfg: AdmissionConfig,
+    host_ram_bytes: u64,
+    passwd: PathBuf,
+    stamp: Option<FileStamp>,
+    rules: Rules,
+}
+
+/// What tells a file changed without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileStamp {
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
+}
+
+impl RulesInForce {
+    pub fn new(cfg: &AdmissionConfig) -> RulesInForce {
+        RulesInForce::with_passwd(cfg, host_ram_bytes(), PathBuf::from("/etc/passwd"))
+    }
+
+    pub fn with_passwd(cfg: &AdmissionConfig, host_ram_bytes: u64, passwd: PathBuf) -> Self {
+        let stamp = FileStamp::of(&passwd);
+        let rules = Rules::new(cfg, host_ram_bytes, || read_or_empty(&passwd));
+        RulesInForce {
+            cfg: cfg.clone(),
+            host_ram_bytes,
+            passwd,
+            stamp,
+            rules,
+        }
+    }
+
+    /// A new configuration's rules.
+    pub fn apply(&mut self, cfg: &AdmissionConfig) {
+        *self = RulesInForce::with_passwd(cfg, self.host_ram_bytes, self.passwd.clone());
+    }
+
+    /// Resolves the default uids again if /etc/passwd changed since; returns whether it did.
+    pub fn refresh(&mut self) -> bool {
+        if !self.cfg.qemu_uids.is_empty() {
+            return false;
+        }
+        let stamp = FileStamp::of(&self.passwd);
+        if stamp == self.stamp {
+            return false;
+        }
+        self.stamp = stamp;
+        self.rules.uids = qemu_users(&read_or_empty(&self.passwd));
+        debug!(uids = ?self.rules.uids, "admission: QEMU's users read again from {}", self.passwd.display());
+        true
+    }
+
+    pub fn get(&self) -> &Rules {
+        &self.rules
+    }
+}
+
+fn read_or_empty(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 /// The users QEMU runs as where `admission.qemu_uids` is not set: root, and the accounts
@@ -359,7 +442,7 @@ mod tests {
             use std::os::unix::fs::MetadataExt;
             m.uid()
         });
-        let rules = Rules::new(&AdmissionConfig::default(), 1 << 30);
+        let rules = Rules::new(&AdmissionConfig::default(), 1 << 30, String::new);
         let e = rules.check_peer(me, uid).unwrap_err();
         assert_eq!(e.label(), "not_qemu", "{e}");
         let path = std::env::current_exe().unwrap();
@@ -417,6 +500,35 @@ mod tests {
     }
 
     #[test]
+    fn default_uids_follow_etc_passwd_without_reading_it_each_time() {
+        let d = std::env::temp_dir().join(format!("vtism-passwd-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let passwd = d.join("passwd");
+        std::fs::write(&passwd, "root:x:0:0::/root:/bin/sh\n").unwrap();
+        let mut r = RulesInForce::with_passwd(&AdmissionConfig::default(), 1 << 30, passwd.clone());
+        assert_eq!(r.get().uids, vec![0]);
+        assert!(!r.refresh(), "unchanged: not read again");
+        // libvirt's package adds its user after vtismd started
+        std::fs::write(
+            &passwd,
+            "root:x:0:0::/root:/bin/sh\nlibvirt-qemu:x:64055:108::/:/usr/sbin/nologin\n",
+        )
+        .unwrap();
+        assert!(r.refresh());
+        assert_eq!(r.get().uids, vec![0, 64055]);
+        // configured uids are the configuration's, whatever /etc/passwd says
+        let cfg = AdmissionConfig {
+            qemu_uids: vec![107],
+            ..AdmissionConfig::default()
+        };
+        r.apply(&cfg);
+        std::fs::write(&passwd, "qemu:x:108:108::/:/sbin/nologin\n").unwrap();
+        assert!(!r.refresh());
+        assert_eq!(r.get().uids, vec![107]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
     fn scan_directory_exposure() {
         let d = std::env::temp_dir().join(format!("vtism-admission-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
@@ -452,7 +564,7 @@ mod tests {
     fn the_ram_of_all_vms_is_bounded() {
         use crate::config::Config;
         let host = 24u64 << 30;
-        let by_default = Rules::new(&Config::parse("").unwrap().admission, host);
+        let by_default = Rules::new(&Config::parse("").unwrap().admission, host, String::new);
         assert_eq!(by_default.max_total_ram_bytes, host);
         // 16 claims of 22 GiB (issue 24): the first fits, the second does not.
         assert!(by_default.check_total(1, 22 << 30, 0).is_ok());
@@ -462,7 +574,7 @@ mod tests {
         assert!(by_default.check_total(3, 2 << 30, 22 << 30).is_ok());
         // An overcommitting host says so; a huge claim does not wrap the sum.
         let cfg = Config::parse("[admission]\nmax_total_ram_gib = 96\n").unwrap();
-        let rules = Rules::new(&cfg.admission, host);
+        let rules = Rules::new(&cfg.admission, host, String::new);
         assert!(rules.check_total(4, 22 << 30, 66 << 30).is_ok());
         assert!(rules.check_total(5, u64::MAX, 1).is_err());
         let bad = Config::parse("[admission]\nmax_total_ram_gib = 99999999\n").unwrap_err();
@@ -483,8 +595,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.admission.unsafe_scan_dir, UnsafeDirPolicy::Refuse);
-        assert_eq!(Rules::new(&ok.admission, 1 << 30).max_ram_bytes, 512 << 30);
-        assert_eq!(Rules::new(&cfg.admission, 1 << 30).max_ram_bytes, 1 << 30);
+        assert_eq!(
+            Rules::new(&ok.admission, 1 << 30, String::new).max_ram_bytes,
+            512 << 30
+        );
+        assert_eq!(
+            Rules::new(&cfg.admission, 1 << 30, String::new).max_ram_bytes,
+            1 << 30
+        );
         for (text, field) in [
             (
                 "qemu_executables = [\"usr/bin/qemu\"]",

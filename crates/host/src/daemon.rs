@@ -5,7 +5,7 @@
 //! mover moves; the status and metrics are published. One VM's trouble (a dead monitor, a
 //! hostile channel, a failed re-registration) lets that VM go and touches no other.
 
-use crate::admission::{Refusal, Rules};
+use crate::admission::{Refusal, RulesInForce};
 use crate::backing;
 use crate::batch::{CallSettings, VmTarget};
 use crate::channels::Channels;
@@ -56,6 +56,8 @@ pub struct Daemon {
     /// The engine and the fast-memory pool: the tiering round the simulator runs too.
     tiering: Tiering,
     discovery: Discovery,
+    /// Who may be a VM (admission), resolved per configuration.
+    rules: RulesInForce,
     registry: Registry,
     channels: Channels,
     /// DAMON on the host, for VMs without a tracker.
@@ -149,12 +151,14 @@ impl Daemon {
         let kdamond_record = host_tracking::record_path(&cfg.daemon.control_socket);
         host_tracking::reclaim_left_behind(&cfg.host_tracking, &kdamond_record);
         let host_tracking = HostTracking::new(&cfg.host_tracking, kdamond_record);
+        let rules = RulesInForce::new(&cfg.admission);
         let mut d = Daemon {
             tiering: Tiering::new(engine, pool),
             cfg,
             config_path,
             topo,
             discovery: Discovery::default(),
+            rules,
             registry: Registry::default(),
             channels: Channels::default(),
             host_tracking,
@@ -266,7 +270,9 @@ impl Daemon {
         let cpu0 = sys::thread_cpu_seconds();
         self.totals.rounds += 1;
         self.serve_requests();
-        self.discovery.scan(&self.cfg, &self.registry.sockets());
+        self.rules.refresh();
+        self.discovery
+            .scan(&self.cfg, self.rules.get(), &self.registry.sockets());
         for found in self.discovery.finished() {
             self.attach(found);
         }
@@ -360,9 +366,12 @@ impl Daemon {
             self.discovery.refuse(socket, &r);
             return Ok(None);
         }
-        let rules = Rules::new(&self.cfg.admission, self.registry.host_ram_bytes());
         let managed = self.registry.ram_bytes(None);
-        if let Err(r) = rules.check_total(qmp.pid, info.memory.bytes(), managed) {
+        if let Err(r) = self
+            .rules
+            .get()
+            .check_total(qmp.pid, info.memory.bytes(), managed)
+        {
             self.discovery.refuse(socket, &r);
             return Ok(None);
         }
@@ -452,10 +461,13 @@ impl Daemon {
     /// QMP events, liveness, and the periodic re-read of each VM.
     fn watch_vms(&mut self) {
         for id in self.registry.ids() {
-            match self
-                .registry
-                .watch(id, &self.cfg, !self.mover.busy(), &self.topo)
-            {
+            match self.registry.watch(
+                id,
+                &self.cfg,
+                !self.mover.busy(),
+                &self.topo,
+                self.rules.get(),
+            ) {
                 Watch::Quiet => {}
                 Watch::Gone(why) => self.drop_vm(id, &why),
                 Watch::RefreshFailed(e) => {
@@ -580,9 +592,12 @@ impl Daemon {
         };
         // A map that grew past what all VMs may claim together lets the VM go (counted as at
         // attach, where it is refused until the others leave room).
-        let rules = Rules::new(&self.cfg.admission, self.registry.host_ram_bytes());
         let others = self.registry.ram_bytes(Some(id));
-        if let Err(r) = rules.check_total(v.pid, v.memory.bytes(), others) {
+        if let Err(r) = self
+            .rules
+            .get()
+            .check_total(v.pid, v.memory.bytes(), others)
+        {
             let socket = v.socket.clone();
             self.drop_vm(id, &r.to_string());
             self.discovery.refuse(socket, &r);
@@ -916,6 +931,7 @@ impl Daemon {
                 v.settings = s;
             }
         }
+        self.rules.apply(&cfg.admission);
         self.cfg = cfg;
         self.report_quota_changes(&changes);
         for id in ignored {

@@ -77,7 +77,6 @@ pub struct Discovery {
     rx: mpsc::Receiver<Outcome>,
     log: RefusalLog,
     warned_dirs: HashSet<PathBuf>,
-    host_ram_bytes: u64,
     /// Refusals, failures and deferrals since the start.
     pub counts: Counts,
 }
@@ -94,7 +93,6 @@ impl Default for Discovery {
             rx,
             log: RefusalLog::default(),
             warned_dirs: HashSet::new(),
-            host_ram_bytes: admission::host_ram_bytes(),
             counts: Counts::default(),
         }
     }
@@ -104,7 +102,7 @@ impl Discovery {
     /// Queues each socket that is due (every `discovery.scan_interval_ms`), not managed
     /// already, not backing off and not queued; sockets named in `[[vm]]` entries first. A full
     /// queue or `admission.max_vms` leaves the rest for a later scan.
-    pub fn scan(&mut self, cfg: &Config, managed: &HashSet<PathBuf>) {
+    pub fn scan(&mut self, cfg: &Config, rules: &Rules, managed: &HashSet<PathBuf>) {
         let interval = Duration::from_millis(cfg.discovery.scan_interval_ms);
         if self.last_scan.is_some_and(|t| t.elapsed() < interval) {
             return;
@@ -122,7 +120,7 @@ impl Discovery {
             command_timeout: Duration::from_millis(cfg.discovery.qmp_timeout_ms),
             exchange_timeout: Duration::from_millis(a.qmp_exchange_timeout_ms),
             max_reply: usize::try_from(a.qmp_max_reply_kib << 10).unwrap_or(usize::MAX),
-            rules: Rules::new(a, self.host_ram_bytes),
+            rules: rules.clone(),
         };
         let queue = self.queue(a.attach_threads, a.max_pending_sockets);
         for sock in candidates {

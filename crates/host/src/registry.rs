@@ -6,7 +6,7 @@
 //! admission. What a VM's watch finds is reported, never acted on here: the daemon lets the VM
 //! go or registers it again with the tiering round.
 
-use crate::admission::{self, Rules};
+use crate::admission::Rules;
 use crate::backing::{self, RangeBacking};
 use crate::config::{Config, VmSettings};
 use crate::mtree::GuestMemory;
@@ -109,10 +109,10 @@ enum RefreshError {
     Failed(anyhow::Error),
 }
 
+#[derive(Default)]
 pub struct Registry {
     vms: BTreeMap<VmId, ManagedVm>,
     next_id: u32,
-    host_ram_bytes: u64,
     /// VMs let go since the start.
     pub dropped: u64,
     /// VMs let go because a refresh found QEMU lying about its memory.
@@ -121,25 +121,7 @@ pub struct Registry {
     pub slow_refreshes: u64,
 }
 
-impl Default for Registry {
-    fn default() -> Self {
-        Registry {
-            vms: BTreeMap::new(),
-            next_id: 0,
-            host_ram_bytes: admission::host_ram_bytes(),
-            dropped: 0,
-            dropped_lying: 0,
-            slow_refreshes: 0,
-        }
-    }
-}
-
 impl Registry {
-    /// The host's RAM, the default bound of what VMs may claim.
-    pub fn host_ram_bytes(&self) -> u64 {
-        self.host_ram_bytes
-    }
-
     /// Guest RAM of the managed VMs, together, leaving out `except`.
     pub fn ram_bytes(&self, except: Option<VmId>) -> u64 {
         self.vms
@@ -255,8 +237,8 @@ impl Registry {
         cfg: &Config,
         may_refresh: bool,
         topo: &HostTopology,
+        rules: &Rules,
     ) -> Watch {
-        let host_ram_bytes = self.host_ram_bytes;
         let Some(v) = self.vms.get_mut(&id) else {
             return Watch::Quiet;
         };
@@ -350,7 +332,7 @@ impl Registry {
                 v.last_resync = Some(now);
             }
             v.last_refresh = now;
-            v.start_refresh(cfg, Rules::new(&cfg.admission, host_ram_bytes), resync);
+            v.start_refresh(cfg, rules.clone(), resync);
         }
         Watch::Quiet
     }
@@ -627,8 +609,12 @@ mod tests {
             None,
             settings,
         );
-        assert!(matches!(reg.watch(same, &cfg, true, &topo), Watch::Quiet));
-        match reg.watch(other, &cfg, true, &topo) {
+        let rules = Rules::new(&cfg.admission, 1 << 30, String::new);
+        assert!(matches!(
+            reg.watch(same, &cfg, true, &topo, &rules),
+            Watch::Quiet
+        ));
+        match reg.watch(other, &cfg, true, &topo, &rules) {
             Watch::Gone(why) => assert!(why.contains("pid"), "{why}"),
             _ => panic!("a reused pid was not noticed"),
         }
