@@ -319,12 +319,18 @@ fast_n=$(vm_expr vm-n "v['fast_bytes'] >> 20")
 # change, so vtismd should stop moving it. Bound: 2 MiB a minute (one folio), over 30 s.
 moved_h() { vm_expr vm-h "v['promoted_bytes'] + v['demoted_bytes']"; }
 m0=$(moved_h)
+l0=$(wc -l <"$OUT/vtismd.log")
 sleep 30
 m1=$(moved_h)
 churn=$(((${m1:-0} - ${m0:-0}) * 2 >> 10))
-[ -n "$m0" ] && [ -n "$m1" ] && [ "$churn" -le 2048 ] &&
-	pass "churn: vm-h moved $churn KiB a minute once converged (bound 2048 KiB a minute: one folio)" ||
+if [ -n "$m0" ] && [ -n "$m1" ] && [ "$churn" -le 2048 ]; then
+	pass "churn: vm-h moved $churn KiB a minute once converged (bound 2048 KiB a minute: one folio)"
+else
 	fail "churn: vm-h moved $churn KiB a minute once converged (from $m0 to $m1 bytes in 30 s; bound 2048)"
+	# what vtismd planned and decided meanwhile (each move of a small plan is logged)
+	tail -n +"$((l0 + 1))" "$OUT/vtismd.log" | grep -E 'vm-h|plan|quota' | tail -n 40 | sed 's/^/   /'
+	echo "   vm-h: $($H placement $W/vm-h.harness)"
+fi
 # Hostile guest (before the daemon restarts below): every kind of bad round is rejected and
 # counted; vm-a keeps being served.
 wait $HOSTILE

@@ -760,6 +760,7 @@ impl Daemon {
             demote_mib = out.plan.stats.demote_bytes >> 20,
             "plan"
         );
+        self.log_small_plan(&out.plan.moves);
         let vms: HashMap<VmId, VmTarget> = self
             .registry
             .iter()
@@ -776,6 +777,22 @@ impl Daemon {
             })
             .collect();
         self.mover.submit(out.plan.moves, vms);
+    }
+
+    /// Each move of a plan of a few (a converged host moves little, and then each move says
+    /// something: a churn check that fails shows which frames went where, and why).
+    fn log_small_plan(&self, moves: &[vtism_engine::Move]) {
+        const FEW: usize = 16;
+        if moves.len() > FEW || !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        for m in moves {
+            let name = self.registry.get(m.vm).map_or("?", |v| v.name.as_str());
+            debug!(
+                vm = %name, gfn = %format_args!("{:#x}", m.gfn.0), kib = m.bytes() >> 10,
+                from = m.from.0, to = m.to.0, kind = ?m.kind, "move"
+            );
+        }
     }
 
     /// What became of the blocks vtismd split, as a backing read finds them: seen split, or
