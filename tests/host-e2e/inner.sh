@@ -25,6 +25,20 @@ vm_expr() { # vm_expr VM EXPR: a Python expression over the VM's row `v` of `vti
 vm_field() { # vm_field VM FIELD: a field of a VM in `vtism ctl status --json`
 	status_json | python3 -c "import json,sys; d=json.load(sys.stdin); v=[x for x in d['vms'] if x['name']=='$1']; print(v[0]['$2'] if v else 'absent')" 2>/dev/null || echo "absent"
 }
+agree() { # agree VM EXPR REGEX: "S M", vm_expr VM EXPR and metric REGEX of one moment
+	# Both come from the snapshot vtismd publishes each round, read by two requests: a value that
+	# changed between them (khugepaged collapsing a block) is read again. S read before and after
+	# the scrape is the same, so M is that snapshot's.
+	local s1 m s2 i
+	for i in 1 2 3 4 5; do
+		s1=$(vm_expr "$1" "$2")
+		m=$(metric "$3")
+		s2=$(vm_expr "$1" "$2")
+		[ "$s1" = "$s2" ] && break
+		sleep 0.5
+	done
+	echo "$s1 $m"
+}
 metric() { # metric REGEX: sum of matching samples (a failed scrape is retried, then reported)
 	local out i
 	for i in 1 2 3; do
@@ -248,8 +262,7 @@ $H publish /dev/shm/vtism-vm-s.chan "$SPARSE" 200 >"$OUT/publish-s.log" 2>&1 &
 PUB_S=$!
 check "split: vm-s's hot frames (3.75 MiB spread over 15 THPs) all on node 0, quota 16 MiB held" \
 	$H wait $W/vm-s.harness /dev/shm/vtism-vm-s.chan "$SPARSE" 0 2 16 120 hot-only
-splits=$(vm_expr vm-s "v['backing']['folio_splits'] if v['backing'] else -1")
-msplits=$(metric 'vtism_vm_folio_splits_total\{vm="vm-s"\}')
+read -r splits msplits <<<"$(agree vm-s "v['backing']['folio_splits'] if v['backing'] else -1" 'vtism_vm_folio_splits_total\{vm="vm-s"\}')"
 hb_s=$(vm_expr vm-s "v['backing']['huge_blocks'] if v['backing'] else -1")
 [ "${splits:-0}" -ge 15 ] && [ "$msplits" = "$splits" ] &&
 	pass "split: vm-s had $splits THPs split (ctl status and metrics), $hb_s blocks still huge" ||
@@ -297,12 +310,10 @@ o=$(metric 'vtism_vm_host_observations_total\{vm="vm-h"\}')
 # vm-h's RAM is on host THPs (QEMU asks for them; this host leaves THP at its default): vtismd
 # knows which 2 MiB blocks (PAGEMAP_SCAN, Linux >= 6.7), places each whole (all but one cut by the
 # hole below 1 MiB, kept in place), and says so in ctl status and metrics.
-hb=$(vm_expr vm-h "v['backing']['huge_blocks'] if v['backing'] else -1")
+read -r hb mhb <<<"$(agree vm-h "v['backing']['huge_blocks'] if v['backing'] else -1" 'vtism_vm_huge_blocks\{vm="vm-h"\}')"
 thp=$(vm_expr vm-h "v['backing']['thp_bytes'] >> 20 if v['backing'] else -1")
 known=$(vm_expr vm-h "v['backing']['blocks_known'] if v['backing'] else None")
-mhb=$(metric 'vtism_vm_huge_blocks\{vm="vm-h"\}')
-fb=$(vm_expr vm-h "v['backing']['folio_blocks'] if v['backing'] else -1")
-mfb=$(metric 'vtism_vm_folio_blocks\{vm="vm-h"\}')
+read -r fb mfb <<<"$(agree vm-h "v['backing']['folio_blocks'] if v['backing'] else -1" 'vtism_vm_folio_blocks\{vm="vm-h"\}')"
 [ "${hb:-0}" -gt 0 ] && [ "$known" = True ] && [ "$mhb" = "$hb" ] && [ "${fb:-0}" -gt 0 ] && [ "$fb" -le "$hb" ] && [ "$mfb" = "$fb" ] &&
 	pass "backing: vm-h has $hb blocks of 2 MiB mapped huge (smaps: $thp MiB of THP), each placed whole, in ctl status and metrics" ||
 	fail "backing: vm-h huge_blocks $hb (metric $mhb), placed whole $fb (metric $mfb), blocks_known $known, THP $thp MiB; problem: $(vm_field vm-h backing_problem)"
