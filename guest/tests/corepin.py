@@ -19,7 +19,7 @@ import os
 VCPU0 = "CPU 0/TCG"  # QEMU's name for the thread (-name ...,debug-threads=on)
 
 
-def _tids(pid):
+def tids(pid):
     try:
         return [int(t) for t in os.listdir("/proc/%d/task" % pid)]
     except OSError:
@@ -65,7 +65,7 @@ class CorePin:
         self.why_not = None
 
     def vcpu0_tid(self):
-        for tid in _tids(self.qemu_pid):
+        for tid in tids(self.qemu_pid):
             if _comm(self.qemu_pid, tid) == VCPU0:
                 return tid
         return None
@@ -111,13 +111,13 @@ class CorePin:
             return
         rest = set(self.cpus) - {self.core}
         self._set(self.vcpu0, {self.core})
-        for tid in _tids(self.qemu_pid):
+        for tid in tids(self.qemu_pid):
             if tid != self.vcpu0:
                 self._set(tid, rest)
-        for tid in _tids(os.getpid()):
+        for tid in tids(os.getpid()):
             self._set(tid, rest)
         for pid in self._beside_pids():
-            for tid in _tids(pid):
+            for tid in tids(pid):
                 self._set(tid, rest)
 
     def release(self):
@@ -127,7 +127,7 @@ class CorePin:
             return
         self.core = None
         for pid in self._beside_pids() + [self.qemu_pid]:
-            for tid in _tids(pid):
+            for tid in tids(pid):
                 self.saved.setdefault(tid, set(self.cpus))
         for tid, cpus in self.saved.items():
             try:

@@ -14,7 +14,6 @@ Prints "INFO <label>/<name>: ..." lines with measurements, then one "PASS <label
 "FAIL <label>/<check>: ..." line per check; exits non-zero if any check failed.
 """
 import argparse
-import os
 import re
 import statistics
 import struct
@@ -48,14 +47,8 @@ class ModuleMonitor(chanmon.Monitor):
         """How long QEMU's threads have waited on the host's run queues (schedstat), in us:
         time the guest's clock runs while its vCPUs do not, which TCG (no steal time) charges to
         whatever the guest was running."""
-        total = 0
-        try:
-            for tid in os.listdir("/proc/%d/task" % self.qemu_pid):
-                with open("/proc/%d/task/%s/schedstat" % (self.qemu_pid, tid)) as f:
-                    total += int(f.read().split()[1])
-        except (OSError, ValueError, IndexError, AttributeError):
-            return None
-        return total // 1000
+        waits = [corepin.run_delay_us(self.qemu_pid, t) for t in corepin.tids(self.qemu_pid)]
+        return None if not waits or None in waits else sum(waits)
 
     def pin_vcpu(self):
         """budget1: vCPU 0 (the tracker's, guest-init binds it) on a host CPU of its own."""
