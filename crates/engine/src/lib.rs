@@ -11,6 +11,7 @@
 //! - [`pool`]: fast-memory quotas across VMs (island or pool mode).
 //! - [`round`]: one tiering round (pool, plan, rate allowances, placement facts), the same for
 //!   the daemon and the simulator.
+//! - [`split_asks`]: when to ask again for a host folio khugepaged collapsed to be split.
 //! - [`allowance`]: a plan cut to per-VM rate allowances, quota-safe.
 //! - [`limits`]: the round's cadence and move rate limits (token buckets on the caller's clock).
 //! - [`placement`]: placement facts and the one coalescer that makes runs of them.
@@ -27,6 +28,7 @@ pub mod plan;
 pub mod policy;
 pub mod pool;
 pub mod round;
+pub mod split_asks;
 pub mod synth;
 pub mod topology;
 pub mod types;

@@ -10,6 +10,7 @@ use crate::hotness::{
 use crate::params::EngineParams;
 use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
+use crate::split_asks::SplitAsks;
 use crate::topology::Topology;
 use crate::types::{Nanos, NodeId, VmId};
 use std::collections::HashMap;
@@ -53,8 +54,8 @@ struct VmState {
     pinned: Vec<std::ops::Range<usize>>,
     /// The last plan could not fit the VM's hot set in its quota less the reserve.
     pressed: bool,
-    /// Folios asked to be split, by block, and when.
-    split_asked: HashMap<u64, Nanos>,
+    /// Folios asked to be split, and when each may be asked again.
+    split_asks: SplitAsks,
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
@@ -87,27 +88,20 @@ struct VmState {
 
 impl VmState {
     /// Asks for the sparse folios to be split while the VM's hot set does not fit its quota (the
-    /// rule: `folio`); none asked twice within `SPLIT_ASK_AGAIN`.
+    /// rule: `folio`); each block at most once per back-off (`split_asks`).
     fn ask_splits(&mut self, sparse: &[SparseFolio], now: Nanos, out: &mut Vec<SplitRequest>) {
         if sparse.is_empty() || !self.pressed {
             return;
         }
-        self.split_asked
-            .retain(|_, t| now.0.saturating_sub(t.0) < SPLIT_ASK_AGAIN.0);
+        self.split_asks.expire(now);
         let mut asked = 0;
         for f in sparse {
             if asked == SPLITS_PER_ROUND {
                 break;
             }
-            let block = f.head.0 / HUGE_FRAMES;
-            if self
-                .split_asked
-                .get(&block)
-                .is_some_and(|&t| now.0.saturating_sub(t.0) < SPLIT_ASK_AGAIN.0)
-            {
+            if !self.split_asks.ask(f.head.0 / HUGE_FRAMES, now) {
                 continue;
             }
-            self.split_asked.insert(block, now);
             out.push(SplitRequest {
                 vm: self.spec.id,
                 head: f.head,
@@ -263,11 +257,6 @@ pub struct SplitRequest {
     pub cold: Gfn,
 }
 
-/// A folio asked to be split is not asked again for this long: the driver sees the split at its
-/// next backing read, and a folio it could not split (hugetlbfs) or khugepaged collapsed again
-/// is asked at most this often.
-const SPLIT_ASK_AGAIN: Nanos = Nanos(60_000_000_000);
-
 /// Folios asked per VM and round, at most: Memtis splits at most 100 MB per pass
 /// (docs/peers.md).
 const SPLITS_PER_ROUND: usize = 50;
@@ -347,7 +336,7 @@ impl VtismPolicy {
         v.hot_rate_frames = 0;
         v.rate_frames.fill(0);
         v.unit_hints.clear();
-        v.split_asked.clear();
+        v.split_asks.clear();
         v.pressed = false;
         v.dirty = true;
         Ok(hinted)
@@ -520,7 +509,7 @@ impl VtismPolicy {
                     + v.bucket_room.capacity() * 4
                     + v.host_folios.memory_bytes()
                     + (v.held.capacity() + v.pinned.capacity()) * 16
-                    + v.split_asked.capacity() * 24
+                    + v.split_asks.memory_bytes()
                     + std::mem::size_of::<VmState>()
             })
             .sum();
@@ -1158,7 +1147,7 @@ impl Policy for VtismPolicy {
             held: Vec::new(),
             pinned: Vec::new(),
             pressed: false,
-            split_asked: HashMap::new(),
+            split_asks: SplitAsks::default(),
             spans,
             frames: vec![FrameState::NEW; frames as usize],
             spec,

@@ -125,6 +125,23 @@ impl Host {
         self.moved_frames += moved;
         moved
     }
+
+    /// khugepaged collapses block `b` again: it copies the block onto the node holding most of
+    /// its frames (mm/khugepaged.c, `hpage_collapse_find_target_node`) and maps it huge.
+    fn collapse(&mut self, b: u64) {
+        let span = (b * H) as usize..((b + 1) * H) as usize;
+        let fast = self.truth[span.clone()]
+            .iter()
+            .filter(|&&n| n == FAST)
+            .count() as u64;
+        let to = if 2 * fast > H { FAST } else { SLOW };
+        self.truth[span].fill(to);
+        self.engine
+            .set_placement(self.vm, Gfn(b * H), H, Some(to))
+            .unwrap();
+        self.folio[b as usize] = true;
+        self.tell_folios();
+    }
 }
 
 fn hint(gfn: u64, level: u32) -> HintEntry {
@@ -367,6 +384,47 @@ fn sparse_folios_are_split_when_the_quota_cannot_hold_them_whole() {
         assert!(h.split_as_asked().is_empty());
     }
     assert_eq!(h.moved_frames, before);
+}
+
+/// khugepaged collapses a split block again (here 30 s after each split; in the testbed's
+/// emulated host within a minute or three), onto the node holding most of it: slow memory, for a
+/// sparse folio. The engine asks for it to be split again ever less often (`split_asks`), and
+/// places it whole in between, so the block's copies fall to about one an hour, not one a minute.
+#[test]
+fn a_block_khugepaged_keeps_collapsing_is_asked_ever_less_often() {
+    // Room for every hot frame, but not for them and one whole folio: the quota stays short
+    // whenever a block is whole.
+    let mut h = Host::new(8, 3 * H / 2, |_| true);
+    h.tell_folios();
+    let hints: Vec<HintEntry> = (0..8)
+        .flat_map(|b| (0..48).map(move |k| hint(b * H + k * 7, 200)))
+        .collect();
+    let mut split_at = [None; 8];
+    let mut asks = vec![Vec::new(); 8];
+    let mut moved_at_2100 = 0;
+    for t in 0..2400u64 {
+        if t == 2100 {
+            moved_at_2100 = h.moved_frames;
+        }
+        h.round(&hints);
+        for b in h.split_as_asked() {
+            asks[b as usize].push(t);
+            split_at[b as usize] = Some(t);
+        }
+        for (b, at) in split_at.iter_mut().enumerate() {
+            if at.is_some_and(|s| t >= s + 30) {
+                *at = None;
+                h.collapse(b as u64);
+            }
+        }
+    }
+    for (b, a) in asks.iter().enumerate() {
+        let gaps: Vec<u64> = a.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(gaps, [60, 120, 240, 480, 960], "block {b} asked at {a:?}");
+    }
+    // Between asks the blocks are placed whole, and placement holds still.
+    assert_eq!(h.moved_frames, moved_at_2100, "moves between asks");
+    assert!(h.peak_fast <= h.quota_frames, "peak {} frames", h.peak_fast);
 }
 
 /// Where the quota holds every folio with hot data whole, folios stay whole (the guest keeps
