@@ -61,7 +61,6 @@ class CorePin:
         self.saved = {}  # tid -> the CPUs it had
         self.core = None  # the host CPU the vCPU has to itself, while pinned
         self.vcpu0 = None
-        self.first = False
         self.why_not = None
 
     def vcpu0_tid(self):
@@ -70,11 +69,12 @@ class CorePin:
                 return tid
         return None
 
-    def _set(self, tid, cpus):
+    def _set(self, tid, cpus, first):
         try:
             if tid not in self.saved:
-                # one born while pinned inherited the pin: it gets every CPU back
-                self.saved[tid] = os.sched_getaffinity(tid) if self.first else set(self.cpus)
+                # one born while pinned (not there at the first sweep) inherited the pin: it gets
+                # every CPU back
+                self.saved[tid] = os.sched_getaffinity(tid) if first else set(self.cpus)
             os.sched_setaffinity(tid, cpus)
         except OSError:
             pass  # gone: nothing to move or give back
@@ -99,26 +99,24 @@ class CorePin:
             return None
         self.core = self.cpus[-1]
         self.vcpu0 = vcpu
-        self.first = True
-        self.sweep()
-        self.first = False
+        self.sweep(first=True)
         return self.core
 
-    def sweep(self):
+    def sweep(self, first=False):
         """Moves what the suite started since the last sweep (the builds beside fork) off the
         vCPU's CPU; called again while pinned."""
         if self.core is None:
             return
         rest = set(self.cpus) - {self.core}
-        self._set(self.vcpu0, {self.core})
+        self._set(self.vcpu0, {self.core}, first)
         for tid in tids(self.qemu_pid):
             if tid != self.vcpu0:
-                self._set(tid, rest)
+                self._set(tid, rest, first)
         for tid in tids(os.getpid()):
-            self._set(tid, rest)
+            self._set(tid, rest, first)
         for pid in self._beside_pids():
             for tid in tids(pid):
-                self._set(tid, rest)
+                self._set(tid, rest, first)
 
     def release(self):
         """Every moved thread gets back the CPUs it had; one born since the last sweep, all of
