@@ -49,16 +49,27 @@ fn round(e: &mut VtismPolicy, s: &Shape, t: u64) -> Plan {
     e.plan(&PlanContext::default(), Nanos::from_secs(t))
 }
 
-/// The engine for the GUPS shape, converged, with its memory printed.
+/// The engine for the GUPS shape, converged, with its memory printed; and the memory of another
+/// with every 2 MiB block a host THP (the folio index and the planner's units it adds).
 fn converged_gups(gups: &Shape) -> VtismPolicy {
     let e = shapes::converged(gups);
+    print_memory(&e, "4 KiB host pages");
+    let mut thp = shapes::converged(gups);
+    thp.set_host_folios(VM, shapes::thp_heads()).unwrap();
+    for r in 0..4 {
+        round(&mut thp, gups, 1000 + r);
+    }
+    print_memory(&thp, "every 2 MiB block a host THP");
+    e
+}
+
+fn print_memory(e: &VtismPolicy, backing: &str) {
     eprintln!(
-        "engine memory: {:.2} MiB for a 32 GiB VM = {:.1} KiB per GiB of guest ({:.2} bytes per 4 KiB frame)",
+        "engine memory ({backing}): {:.2} MiB for a 32 GiB VM = {:.1} KiB per GiB of guest ({:.2} bytes per 4 KiB frame)",
         e.memory_bytes() as f64 / (1 << 20) as f64,
         e.memory_bytes() as f64 / 1024.0 / 32.0,
         e.memory_bytes() as f64 / FRAMES as f64
     );
-    e
 }
 
 fn bench(c: &mut Criterion<ThreadCpuTime>) {

@@ -43,6 +43,16 @@ fn ram() -> RamMap {
     .unwrap()
 }
 
+/// Every 2 MiB block of the VM's RAM: guest RAM all on host THPs, QEMU's default where the host
+/// leaves THP at `always` or `madvise` (docs/host.md, "Host huge pages").
+pub fn thp_heads() -> Vec<Gfn> {
+    ram()
+        .ranges()
+        .iter()
+        .flat_map(|r| (r.start.0..r.end.0).step_by(UNIT as usize).map(Gfn))
+        .collect()
+}
+
 /// A DRAM + CXL host with one 32 GiB VM, its fast quota, low RAM on DRAM and the rest on CXL.
 fn engine(quota_bytes: u64) -> VtismPolicy {
     let node = |id, tier, gib, cpus| NodeSpec {
