@@ -186,6 +186,12 @@ class Truth:
         return {g for g, k in self.kind.items() if k[0] == "cold"}
 
 
+def end_on_sigterm():
+    """A SIGTERM (the suite stopped from outside) ends the monitor through its finally clauses:
+    its guest is ended, and a host CPU it pinned (corepin) given back."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 class Monitor:
     def __init__(self, a):
         self.a = a
@@ -300,20 +306,25 @@ class Monitor:
         self.qemu_pid = qemu.pid
         deadline = time.monotonic() + self.a.timeout
         timed_out = False
-        with open(self.a.serial, "rb") as f:
-            while qemu.poll() is None:
+        try:
+            with open(self.a.serial, "rb") as f:
+                while qemu.poll() is None:
+                    self.poll_serial(f)
+                    self.poll_channel()
+                    if time.monotonic() > deadline:
+                        timed_out = True
+                        break
+                    time.sleep(0.02)
                 self.poll_serial(f)
-                self.poll_channel()
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    qemu.send_signal(signal.SIGTERM)
-                    try:
-                        qemu.wait(10)
-                    except subprocess.TimeoutExpired:
-                        qemu.kill()
-                    break
-                time.sleep(0.02)
-            self.poll_serial(f)
+        finally:
+            # On a timeout, and when the monitor itself is stopped: the guest is ours, end it.
+            if qemu.poll() is None:
+                qemu.send_signal(signal.SIGTERM)
+                try:
+                    qemu.wait(10)
+                except subprocess.TimeoutExpired:
+                    qemu.kill()
+                    qemu.wait()
         self.check("guest-finished", self.done and not timed_out,
                    "timed out after %ds" % self.a.timeout if timed_out else
                    "VTDONE seen, qemu exit %s" % qemu.returncode if self.done else
@@ -622,6 +633,7 @@ def main():
                     help="the channel minor version the tracker must write (default: any this "
                     "reader knows, %s, the same in every round)" % (KNOWN_MINORS,))
     a = ap.parse_args(argv[:i])
+    end_on_sigterm()
     m = Monitor(a)
     m.run(argv[i + 1:])
     m.analyse()

@@ -347,6 +347,7 @@ def main():
     ap.add_argument("--budget-bp", type=int, default=100,
                     help="the agent's --cpu-budget-bp, for the cpu-budget check")
     a = ap.parse_args(argv[:i])
+    chanmon.end_on_sigterm()
     m = Monitor(a)
     m.run(argv[i + 1:])
     m.analyse()

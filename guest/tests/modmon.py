@@ -509,6 +509,7 @@ def main():
     a = ap.parse_args(argv[:i])
     a.tracker = "module"
     a.channel_minor = 1
+    chanmon.end_on_sigterm()
     m = ModuleMonitor(a)
     m.run(argv[i + 1:])
     m.analyse()
