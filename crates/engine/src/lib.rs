@@ -27,6 +27,7 @@ pub mod placement;
 pub mod plan;
 pub mod policy;
 pub mod pool;
+pub mod recent_moves;
 pub mod round;
 pub mod split_asks;
 pub mod synth;

@@ -10,6 +10,7 @@ use crate::hotness::{
 use crate::params::EngineParams;
 use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
+use crate::recent_moves::RecentMoves;
 use crate::split_asks::SplitAsks;
 use crate::topology::Topology;
 use crate::types::{Nanos, NodeId, VmId};
@@ -56,6 +57,9 @@ struct VmState {
     pressed: bool,
     /// Folios asked to be split, and when each may be asked again.
     split_asks: SplitAsks,
+    /// Units moved lately: one demoted does not push out one promoted unless clearly hotter
+    /// (`recent_moves`).
+    recent: RecentMoves,
     frames: Vec<FrameState>,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
@@ -337,6 +341,7 @@ impl VtismPolicy {
         v.rate_frames.fill(0);
         v.unit_hints.clear();
         v.split_asks.clear();
+        v.recent.clear();
         v.pressed = false;
         v.dirty = true;
         Ok(hinted)
@@ -510,6 +515,7 @@ impl VtismPolicy {
                     + v.host_folios.memory_bytes()
                     + (v.held.capacity() + v.pinned.capacity()) * 16
                     + v.split_asks.memory_bytes()
+                    + v.recent.memory_bytes()
                     + std::mem::size_of::<VmState>()
             })
             .sum();
@@ -621,6 +627,7 @@ impl VtismPolicy {
         budget: &mut u64,
         out: &mut Vec<Move>,
         again: bool,
+        now: Nanos,
     ) -> VmPlanStats {
         let tables = &self.tables;
         let is_fast = &self.is_fast;
@@ -820,8 +827,19 @@ impl VtismPolicy {
         counting_sort(&mut victs, false);
 
         let spec_id = v.spec.id;
+        let rates = v.counts == CountMeaning::RateLevel;
+        v.recent.expire(now);
+        let (frames, round) = (&v.frames, v.round);
+        v.recent.follow(round, |i| {
+            let s = frames[i as usize];
+            if s.seen() && s.stamp() == round as u8 {
+                s.last_degree()
+            } else {
+                0
+            }
+        });
         let mut decided: Vec<(Unit, NodeId, NodeId, MoveKind, Phase)> = Vec::new();
-        let mut vq = victs.into_iter().peekable();
+        let mut vn = 0usize;
 
         // Demotions go to the slow nodes nearest the VM's home (local, then remote: AutoTiering's
         // CPM order), or nearest the source when the home is unknown.
@@ -840,7 +858,8 @@ impl VtismPolicy {
         // Background demotion first: restore the free reserve (coldest first, no hysteresis).
         let mut refilled = 0u64;
         while refilled < refill_need && *budget > 0 {
-            let Some(u) = vq.next() else { break };
+            let Some(&u) = victs.get(vn) else { break };
+            vn += 1;
             if (u.frames as u64) > *budget {
                 continue;
             }
@@ -862,13 +881,22 @@ impl VtismPolicy {
                 stats.deferred_by_budget += pf;
                 continue;
             }
+            // A unit demoted lately and no hotter since does not take back the place of one
+            // promoted lately (`recent_moves`); colder candidates may still take victims.
+            if slack < pf as i64
+                && v.recent.returning(p.idx, unit_degree(v, &p))
+                && would_displace_just_promoted(&victs[vn..], pf as i64 - slack, &v.recent)
+            {
+                stats.held_by_hysteresis += pf;
+                continue;
+            }
             let from = v.frames[p.idx as usize].node().unwrap_or(NodeId(0));
             // Victims to make room within the quota less the reserve, each colder by the margin.
             let mut picked: Vec<(Unit, NodeId, NodeId)> = Vec::new();
             let mut freed = 0i64;
             let mut held = false;
             while slack + freed < pf as i64 {
-                let Some(&vu) = vq.peek() else {
+                let Some(&vu) = victs.get(vn) else {
                     held = true;
                     break;
                 };
@@ -880,7 +908,7 @@ impl VtismPolicy {
                 if pf + freed as u64 + vu.frames as u64 > *budget {
                     break;
                 }
-                vq.next();
+                vn += 1;
                 let vfrom = v.frames[vu.idx as usize].node().unwrap_or(NodeId(0));
                 match demote(vu, vfrom, free) {
                     Some(to) => {
@@ -961,6 +989,13 @@ impl VtismPolicy {
         // Record the decisions: one move per run of frames that change tier (adjacent runs with the
         // same nodes coalesced), and the new placement.
         decided.sort_by_key(|d| d.4);
+        for &(u, _, _, kind, _) in &decided {
+            match kind {
+                _ if !rates => {}
+                MoveKind::Promote => v.recent.promoted(u.idx, now),
+                _ => v.recent.demoted(u.idx, unit_degree(v, &u), now),
+            }
+        }
         for (u, _, to, kind, phase) in decided {
             let to_fast = is_fast[to.0 as usize];
             for i in u.idx as usize..(u.idx + u.span) as usize {
@@ -1040,6 +1075,27 @@ fn dense_ranges(ram: &RamMap, g: GfnRange) -> impl Iterator<Item = std::ops::Ran
             at..at + (b - a) as usize
         })
     })
+}
+
+/// Whether the victims that would make `need` frames of room, coldest first, include a unit
+/// promoted lately.
+fn would_displace_just_promoted(victs: &[Unit], need: i64, recent: &RecentMoves) -> bool {
+    let mut freed = 0i64;
+    for vu in victs {
+        if freed >= need {
+            break;
+        }
+        if recent.just_promoted(vu.idx) {
+            return true;
+        }
+        freed += vu.frames as i64;
+    }
+    false
+}
+
+/// The degree of a unit's last hint (its head's: a 2 MiB unit is hinted as one).
+fn unit_degree(v: &VmState, u: &Unit) -> u32 {
+    v.frames[u.idx as usize].last_degree()
 }
 
 /// Takes the VM's pinned frames out of the key histograms (`hf` fast, `hs` slow): the planner
@@ -1148,6 +1204,7 @@ impl Policy for VtismPolicy {
             pinned: Vec::new(),
             pressed: false,
             split_asks: SplitAsks::default(),
+            recent: RecentMoves::default(),
             spans,
             frames: vec![FrameState::NEW; frames as usize],
             spec,
@@ -1271,7 +1328,7 @@ impl Policy for VtismPolicy {
         Some(self.vms[p].spec.fast_quota_bytes)
     }
 
-    fn plan(&mut self, ctx: &PlanContext<'_>, _now: Nanos) -> Plan {
+    fn plan(&mut self, ctx: &PlanContext<'_>, now: Nanos) -> Plan {
         let budget_bytes = ctx
             .budget_bytes
             .unwrap_or(self.params.round_budget_bytes)
@@ -1317,7 +1374,7 @@ impl Policy for VtismPolicy {
             }
             let mut claim = budget.min(share);
             let before = claim;
-            let s = self.plan_vm(vi, &mut free, &mut claim, &mut moves, false);
+            let s = self.plan_vm(vi, &mut free, &mut claim, &mut moves, false, now);
             budget -= before - claim;
             // (a claim used up, or a unit larger than what was left of it)
             if (claim == 0 || s.deferred_by_budget > 0) && budget > 0 {
@@ -1329,7 +1386,7 @@ impl Policy for VtismPolicy {
             if budget == 0 {
                 break;
             }
-            let s = self.plan_vm(vi, &mut free, &mut budget, &mut moves, true);
+            let s = self.plan_vm(vi, &mut free, &mut budget, &mut moves, true, now);
             stats.vms[at].continued_by(&s);
             self.vms[vi].last_stats = stats.vms[at].clone();
         }

@@ -498,3 +498,61 @@ fn a_round_is_shared_among_the_vms_that_need_it() {
         }
     }
 }
+
+/// Rate-level hints (channel v1.1), written: `level` for every frame of each range.
+fn rate_round(ranges: &[(std::ops::Range<u64>, u32)]) -> Vec<HintEntry> {
+    ranges
+        .iter()
+        .flat_map(|(r, level)| {
+            r.clone()
+                .map(move |g| HintEntry::new(Gfn(g), *level, true, PageType::Anon, false, true))
+        })
+        .collect()
+}
+
+#[test]
+fn a_stale_demoted_unit_does_not_push_out_a_just_promoted_one_that_dipped() {
+    use vtism_proto::CountMeaning::RateLevel;
+    // 16 MiB VM, 8 MiB quota (6 MiB after the 2 MiB reserve); the old hot set A, 6 MiB, on DRAM.
+    let (a, b) = (0..1536u64, 2048..3584u64);
+    let on_fast =
+        |w: &World, r: &std::ops::Range<u64>| r.clone().all(|i| w.truth[i as usize] == FAST);
+    let mut w = World::new(4096, 2048, EngineParams::default(), 1536);
+    for _ in 0..3 {
+        w.step_counting(&rate_round(&[(a.clone(), 150), (b.clone(), 96)]), RateLevel);
+    }
+    assert!(on_fast(&w, &a));
+    // The hot set moves to B, measured at once 2 octaves up; A keeps its level (the tracker
+    // leaves it alone), then B settles there too: B in, A out, and then nothing moves.
+    for _ in 0..3 {
+        w.step_counting(
+            &rate_round(&[(a.clone(), 150), (b.clone(), 182)]),
+            RateLevel,
+        );
+    }
+    for _ in 0..3 {
+        w.step_counting(
+            &rate_round(&[(a.clone(), 150), (b.clone(), 150)]),
+            RateLevel,
+        );
+    }
+    assert!(on_fast(&w, &b), "the new hot set on DRAM");
+    // A region of B dips 4x for a round (a change alarm): A's stale units do not take its place.
+    let (b1, b2) = (2048..2560u64, 2560..3584u64);
+    let p = w.step_counting(
+        &rate_round(&[(a.clone(), 150), (b1.clone(), 118), (b2.clone(), 150)]),
+        RateLevel,
+    );
+    assert!(p.moves.is_empty(), "exchanged on a dip: {:?}", p.stats);
+    let p = w.step_counting(
+        &rate_round(&[(a.clone(), 150), (b.clone(), 150)]),
+        RateLevel,
+    );
+    assert!(p.moves.is_empty());
+    // A measured again (cold: unpublished for a round), then hot again as B cools: it comes back.
+    w.step_counting(&rate_round(&[(b.clone(), 150)]), RateLevel);
+    for _ in 0..3 {
+        w.step_counting(&rate_round(&[(a.clone(), 182), (b.clone(), 96)]), RateLevel);
+    }
+    assert!(on_fast(&w, &a), "the old hot set back once hot again");
+}

@@ -91,6 +91,15 @@ impl World {
     /// Feed one round of hints, plan, execute phase by phase; check quota, budget, VM bounds and
     /// that "from" matches the ground truth. Returns the plan.
     pub fn step(&mut self, hints: &[vtism_proto::HintEntry]) -> Plan {
+        self.step_counting(hints, vtism_proto::CountMeaning::RoundsSeen)
+    }
+
+    /// `step` for a round whose counts mean `counts`.
+    pub fn step_counting(
+        &mut self,
+        hints: &[vtism_proto::HintEntry],
+        counts: vtism_proto::CountMeaning,
+    ) -> Plan {
         self.now = Nanos(self.now.0 + 1_000_000_000);
         self.engine
             .observe(
@@ -98,7 +107,7 @@ impl World {
                 Observation::Hints {
                     entries: hints,
                     overflow: false,
-                    counts: vtism_proto::CountMeaning::RoundsSeen,
+                    counts,
                 },
                 self.now,
             )
