@@ -26,6 +26,17 @@ struct Asked {
     back_off: Nanos,
 }
 
+impl Asked {
+    fn since(&self, now: Nanos) -> u64 {
+        now.0.saturating_sub(self.at.0)
+    }
+
+    /// Not asked for a whole back-off after it could have been.
+    fn stale(&self, now: Nanos) -> bool {
+        self.since(now) >= 2 * self.back_off.0
+    }
+}
+
 /// The blocks (guest frame number >> 9) asked to be split, and when each may be asked again.
 #[derive(Clone, Debug, Default)]
 pub struct SplitAsks {
@@ -35,21 +46,19 @@ pub struct SplitAsks {
 impl SplitAsks {
     /// Whether `block` may be asked now; if so, the ask is recorded.
     pub fn ask(&mut self, block: u64, now: Nanos) -> bool {
-        let since = |a: &Asked| Nanos(now.0.saturating_sub(a.at.0));
         let back_off = match self.asked.get(&block) {
             None => FIRST,
-            Some(a) if since(a).0 < a.back_off.0 => return false,
-            Some(a) if since(a).0 >= 2 * a.back_off.0 => FIRST,
+            Some(a) if a.since(now) < a.back_off.0 => return false,
+            Some(a) if a.stale(now) => FIRST,
             Some(a) => Nanos((a.back_off.0 * 2).min(LONGEST.0)),
         };
         self.asked.insert(block, Asked { at: now, back_off });
         true
     }
 
-    /// Drops blocks whose back-off has passed twice over (`ask` would start them again).
+    /// Drops the stale blocks (`ask` would start them again).
     pub fn expire(&mut self, now: Nanos) {
-        self.asked
-            .retain(|_, a| now.0.saturating_sub(a.at.0) < 2 * a.back_off.0);
+        self.asked.retain(|_, a| !a.stale(now));
     }
 
     pub fn clear(&mut self) {
