@@ -524,6 +524,11 @@ impl Daemon {
         let last = v.folios;
         let last_pinned = v.pinned_frames;
         self.follow_splits(id, &f.heads);
+        if f.assumed == 0 {
+            if let Some(v) = self.registry.get(id) {
+                reconcile::learn_folios(&mut self.tiering, v, &f.heads, &self.topo);
+            }
+        }
         match self.tiering.set_pinned(id, pinned) {
             Ok(n) if n != last_pinned => {
                 if n > 0 {
