@@ -350,6 +350,7 @@ def main():
     chanmon.end_on_sigterm()
     m = Monitor(a)
     m.run(argv[i + 1:])
+    chanmon.exit_if_boot_hung(m)
     m.analyse()
     m.tracker_report()
     sys.exit(1 if m.report() else 0)

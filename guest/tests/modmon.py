@@ -512,6 +512,7 @@ def main():
     chanmon.end_on_sigterm()
     m = ModuleMonitor(a)
     m.run(argv[i + 1:])
+    chanmon.exit_if_boot_hung(m)
     m.analyse()
     sys.exit(1 if m.report() else 0)
 
