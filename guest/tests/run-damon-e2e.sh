@@ -17,6 +17,7 @@ set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tests=$repo/guest/tests
+. "$tests/boot-retry.sh"
 out=${VTISM_E2E_OUT:-$repo/build/e2e}
 timeout=${VTISM_E2E_TIMEOUT:-1500}
 s=6.12
@@ -63,24 +64,16 @@ truncate -s 16M "$chan"
 echo "e2e: booting $KVER (TCG) with the DAMON agent, serial log $d/serial.log"
 ts=$(date +%s)
 # Not niced, as the module's e2e guest (run-e2e.sh): no steal time under TCG.
-# A guest that hangs in early boot under TCG, before its init ran, is booted again, once
-# (chanmon.py, BOOT_LIMIT_S), as run-e2e.sh does.
-for attempt in 1 2; do
+# A guest that hangs in early boot under TCG is booted again, once (boot-retry.sh).
+boot_retrying "damon-$s" "$d" "$chan" -- \
 	python3 "$tests/damonmon.py" --channel "$chan" --serial "$d/serial.log" \
-		--label "damon-$s" --timeout "$timeout" --budget-bp "$budget_bp" -- \
-		qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1G \
-		-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
-		-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
-		-append "console=ttyS0 quiet panic=-1 vtism.agent=$agent vtism.workload=$workload" \
-		-object "memory-backend-file,id=hmem,share=on,mem-path=$chan,size=16M" \
-		-device ivshmem-plain,memdev=hmem >"$d/checks.txt" 2>"$d/monitor.err"
-	rc=$?
-	[ $rc -eq 3 ] && [ $attempt -eq 1 ] || break
-	mv "$d/serial.log" "$d/serial-hung$attempt.log"
-	cat "$d/checks.txt"
-	echo "e2e: damon-$s: the guest hung in early boot (serial-hung$attempt.log); booting it again"
-	truncate -s 0 "$chan" && truncate -s 16M "$chan"
-done
+	--label "damon-$s" --timeout "$timeout" --budget-bp "$budget_bp" -- \
+	qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1G \
+	-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
+	-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
+	-append "console=ttyS0 quiet panic=-1 vtism.agent=$agent vtism.workload=$workload" \
+	-object "memory-backend-file,id=hmem,share=on,mem-path=$chan,size=16M" \
+	-device ivshmem-plain,memdev=hmem
 rm -f "$chan"
 grep -m1 '^VTBOOT' "$d/serial.log" | sed 's/^/e2e: /'
 # the agent's statistics at the end of the steady window (--stats-file), on one line

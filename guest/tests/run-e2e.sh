@@ -19,6 +19,7 @@ set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tests=$repo/guest/tests
+. "$tests/boot-retry.sh"
 out=${VTISM_E2E_OUT:-$repo/build/e2e}
 timeout=${VTISM_E2E_TIMEOUT:-600}
 series=("$@")
@@ -103,24 +104,16 @@ for s in "${series[@]}"; do
 	# is charged to whatever the guest was running (the tracker's 1% budget), and a guest niced
 	# below a load beside it waits three times as long (cpu-budget, budget-progress). Named
 	# threads: for budget-progress, modmon gives "CPU 0/TCG" a host CPU of its own (corepin.py).
-	# A guest that hangs in early boot under TCG, before its init ran (no VTBOOT: nothing of
-	# ours started), is booted again, once (chanmon.py, BOOT_LIMIT_S).
-	for attempt in 1 2; do
+	# A guest that hangs in early boot under TCG is booted again, once (boot-retry.sh).
+	boot_retrying "$s" "$d" "$chan" -- \
 		python3 "$tests/modmon.py" --channel "$chan" --serial "$d/serial.log" --label "$s" \
-			--timeout "$timeout" -- \
-			qemu-system-x86_64 -accel tcg -cpu "$cpu" -smp 2 -m 1G -name "vtism-e2e-$s,debug-threads=on" \
-			-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
-			-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
-			-append "console=ttyS0 quiet panic=-1 vtism.params=$params" \
-			-object "memory-backend-file,id=hmem,share=on,mem-path=$chan,size=16M" \
-			-device ivshmem-plain,memdev=hmem >"$d/checks.txt" 2>"$d/chanmon.err"
-		rc=$?
-		[ $rc -eq 3 ] && [ $attempt -eq 1 ] || break
-		mv "$d/serial.log" "$d/serial-hung$attempt.log"
-		cat "$d/checks.txt"
-		echo "e2e: $s: the guest hung in early boot (serial-hung$attempt.log); booting it again"
-		truncate -s 0 "$chan" && truncate -s 16M "$chan"
-	done
+		--timeout "$timeout" -- \
+		qemu-system-x86_64 -accel tcg -cpu "$cpu" -smp 2 -m 1G -name "vtism-e2e-$s,debug-threads=on" \
+		-display none -monitor none -no-reboot -serial "file:$d/serial.log" \
+		-kernel "$VMLINUZ" -initrd "$d/initramfs.cpio.gz" \
+		-append "console=ttyS0 quiet panic=-1 vtism.params=$params" \
+		-object "memory-backend-file,id=hmem,share=on,mem-path=$chan,size=16M" \
+		-device ivshmem-plain,memdev=hmem
 	rm -f "$chan"
 	grep -m1 '^VTBOOT' "$d/serial.log" | sed 's/^/e2e: /'
 	cat "$d/checks.txt"
@@ -130,7 +123,7 @@ for s in "${series[@]}"; do
 	passed=$((passed + p))
 	failed=$((failed + f))
 	if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then
-		cat "$d/chanmon.err"
+		cat "$d/monitor.err"
 		setup_fail "$s/monitor" "modmon.py exited $rc"
 	fi
 	echo "e2e: $s took $(($(date +%s) - ts)) s"
