@@ -101,6 +101,9 @@ pub struct VmPlanStats {
     pub deferred_by_budget: u64,
     /// Hot-set frames left on slow memory because no fast frame was colder by the hysteresis margin.
     pub held_by_hysteresis: u64,
+    /// Hot-set frames left on slow memory because they were demoted lately, have not risen
+    /// since, and the room they need is held by units promoted lately (`recent_moves`).
+    pub held_as_return: u64,
     /// Hot-set frames left on slow memory because no fast node had free memory.
     pub blocked_by_capacity: u64,
     /// Frames by which full fast nodes made the hot set smaller than the quota allows (hot slow
@@ -121,6 +124,7 @@ impl VmPlanStats {
         self.refill_frames += later.refill_frames;
         self.deferred_by_budget = later.deferred_by_budget;
         self.held_by_hysteresis = later.held_by_hysteresis;
+        self.held_as_return = later.held_as_return;
         self.blocked_by_capacity = later.blocked_by_capacity;
     }
 }

@@ -887,7 +887,7 @@ impl VtismPolicy {
                 && v.recent.returning(p.idx, unit_degree(v, &p))
                 && would_displace_just_promoted(&victs[vn..], pf as i64 - slack, &v.recent)
             {
-                stats.held_by_hysteresis += pf;
+                stats.held_as_return += pf;
                 continue;
             }
             let from = v.frames[p.idx as usize].node().unwrap_or(NodeId(0));

@@ -544,6 +544,8 @@ fn a_stale_demoted_unit_does_not_push_out_a_just_promoted_one_that_dipped() {
         RateLevel,
     );
     assert!(p.moves.is_empty(), "exchanged on a dip: {:?}", p.stats);
+    let held: u64 = p.stats.vms.iter().map(|v| v.held_as_return).sum();
+    assert!(held > 0, "the hold is counted as a return's: {:?}", p.stats);
     let p = w.step_counting(
         &rate_round(&[(a.clone(), 150), (b.clone(), 150)]),
         RateLevel,

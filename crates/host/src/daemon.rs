@@ -13,8 +13,8 @@ use crate::config::{Config, HostTrackingMode, NotManaged, PoolModeConfig};
 use crate::discovery::{Discovery, Found};
 use crate::host_tracking::{self, HostTracking, TrackedVm};
 use crate::metrics::{
-    reason_label, DaemonStatus, MoverHistograms, NodeStatus, PerDirection, PoolStatus, Published,
-    QuotaChangeStatus, Status, TrackerStatus, VmStatus,
+    reason_label, DaemonStatus, LeftOut, MoverHistograms, NodeStatus, PerDirection, PoolStatus,
+    Published, QuotaChangeStatus, Status, TrackerStatus, VmStatus,
 };
 use crate::mover::{MoveTotals, Mover, MoverGauges, MoverSettings, PerNodeDir};
 use crate::rate::Limits;
@@ -1011,6 +1011,7 @@ impl Daemon {
             unknown_bytes: s.unknown_frames * FRAME_SIZE,
             hot_set_bytes: engine.hot_set_bytes(v.id).unwrap_or(0),
             planned_hot_bytes: s.last_plan.hot_set_frames * FRAME_SIZE,
+            left_out: LeftOut::of(&s.last_plan),
             quota_share_bytes: v.settings.limits.share_bytes,
             quota_min_bytes: limits.map(|l| l.min_bytes),
             quota_max_bytes: limits.map(|l| l.max_bytes),

@@ -115,6 +115,41 @@ pub struct QuotaChangeStatus {
     pub at_unix_s: f64,
 }
 
+/// Hot-set bytes a plan left on slow memory, by reason (`VmPlanStats`).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LeftOut {
+    /// The round's move budget ran out.
+    pub budget_bytes: u64,
+    /// No fast frame was colder by the hysteresis margin.
+    pub hysteresis_bytes: u64,
+    /// Demoted lately and not risen since, while the room it needs is held by units promoted
+    /// lately (docs/engine.md, "A return needs a rise").
+    pub return_bytes: u64,
+    /// No fast node had free memory.
+    pub capacity_bytes: u64,
+}
+
+impl LeftOut {
+    pub fn of(s: &vtism_engine::VmPlanStats) -> LeftOut {
+        let b = |f: u64| f * vtism_proto::FRAME_SIZE;
+        LeftOut {
+            budget_bytes: b(s.deferred_by_budget),
+            hysteresis_bytes: b(s.held_by_hysteresis),
+            return_bytes: b(s.held_as_return),
+            capacity_bytes: b(s.blocked_by_capacity),
+        }
+    }
+
+    fn by_reason(&self) -> [(&'static str, u64); 4] {
+        [
+            ("budget", self.budget_bytes),
+            ("hysteresis", self.hysteresis_bytes),
+            ("return", self.return_bytes),
+            ("capacity", self.capacity_bytes),
+        ]
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct VmStatus {
     pub id: u32,
@@ -131,6 +166,8 @@ pub struct VmStatus {
     pub hot_set_bytes: u64,
     /// The part of it the quota allowed in the last plan.
     pub planned_hot_bytes: u64,
+    /// Hot-set bytes the last plan left on slow memory, and why.
+    pub left_out: LeftOut,
     /// Initial share from the configuration (island mode: the quota).
     pub quota_share_bytes: u64,
     /// Limits the pool enforces (island mode: min = max = the quota).
@@ -544,6 +581,14 @@ impl VmStatus {
             vm(),
             self.planned_hot_bytes,
         );
+        for (reason, bytes) in self.left_out.by_reason() {
+            f.gauge(
+                "vtism_vm_planned_left_out_bytes",
+                "Hot-set bytes the last plan left on slow memory, by reason (budget, hysteresis, return, capacity).",
+                with("reason", reason),
+                bytes,
+            );
+        }
         for (reason, n) in &self.quota_changes {
             f.counter(
                 "vtism_vm_quota_changes",

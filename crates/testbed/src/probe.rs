@@ -251,10 +251,13 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
                 .as_deref()
                 .and_then(|c| published_levels(c, l, &nodes, &a.dram_nodes)),
             placement_settled: Some(settled),
+            left_out: st
+                .as_ref()
+                .and_then(|v| serde_json::from_value(v["left_out"].clone()).ok()),
         };
         writeln!(out, "{}", serde_json::to_string(&s)?)?;
         println!(
-            "TB [{t:5.0}s] {:<8} round {:>4}  hints {:>6}  promoted {:>6.1} MiB  demoted {:>6.1} MiB  hot set in DRAM {:>5.1}%  DRAM {:>5.1}/{:.0} MiB{}  GUPS {}",
+            "TB [{t:5.0}s] {:<8} round {:>4}  hints {:>6}  promoted {:>6.1} MiB  demoted {:>6.1} MiB  hot set in DRAM {:>5.1}%  DRAM {:>5.1}/{:.0} MiB{}  GUPS {}{}",
             if s.phase == Phase::Tracking { "tracking" } else { "control" },
             s.last_round,
             s.hint_entries,
@@ -265,6 +268,7 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             mib(s.quota_bytes),
             if settled { "" } else { " (pages moving)" },
             s.updates_per_s.map_or("-".into(), |u| format!("{:.2} M/s", u as f64 / 1e6)),
+            left_out_note(s.left_out.as_ref()),
         );
         if let Some(lt) = loaded_at {
             // The hot set still to move keeps the run going; after the move the new hot set gets
@@ -377,6 +381,28 @@ fn published_levels(
         dram_others_median: median(others.iter().map(|&i| lv[i]).collect()),
         off_dram_top512: outside.get(511).copied().unwrap_or(0),
     })
+}
+
+/// What vtismd's last plan held back from DRAM, when it held anything.
+fn left_out_note(l: Option<&crate::report::LeftOut>) -> String {
+    let Some(l) = l else {
+        return String::new();
+    };
+    let parts: Vec<String> = [
+        ("budget", l.budget_bytes),
+        ("hysteresis", l.hysteresis_bytes),
+        ("return", l.return_bytes),
+        ("capacity", l.capacity_bytes),
+    ]
+    .iter()
+    .filter(|(_, b)| *b > 0)
+    .map(|(r, b)| format!("{r} {:.1}", mib(*b)))
+    .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("  left out (MiB): {}", parts.join(", "))
+    }
 }
 
 #[cfg(test)]

@@ -66,6 +66,18 @@ pub struct Sample {
     /// it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement_settled: Option<bool>,
+    /// Hot-set bytes vtismd's last plan left on slow memory, by reason (its status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<LeftOut>,
+}
+
+/// vtismd's `left_out` status: hot-set bytes its last plan left on slow memory, by reason.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeftOut {
+    pub budget_bytes: u64,
+    pub hysteresis_bytes: u64,
+    pub return_bytes: u64,
+    pub capacity_bytes: u64,
 }
 
 impl Sample {
@@ -622,6 +634,7 @@ mod tests {
             tracker_cpu_us: None,
             levels: None,
             placement_settled: Some(true),
+            left_out: None,
         }
     }
 
