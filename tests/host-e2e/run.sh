@@ -48,7 +48,7 @@ set +e
 timeout "${VTISM_E2E_TIMEOUT:-600}" nice -n 10 qemu-system-x86_64 \
 	"${emuhost_machine[@]}" \
 	-kernel "$VMLINUZ" -initrd "$initrd" \
-	-append "console=ttyS0 quiet panic=-1 vtism.run=$repo/tests/host-e2e/inner.sh" \
+	-append "console=ttyS0 quiet panic=-1 hugepagesz=1G hugepages=2:1 vtism.run=$repo/tests/host-e2e/inner.sh" \
 	-virtfs local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap \
 	-virtfs local,path="$out",mount_tag=results,security_model=none \
 	-nographic -no-reboot -nodefaults -serial stdio >"$out/console.log" 2>&1

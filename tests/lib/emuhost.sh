@@ -1,10 +1,12 @@
 # The emulated DRAM+CXL host that tests/host-e2e and tests/packaging boot under TCG, as QEMU
-# options: two sockets with a CPU and 1 GiB of DRAM each (nodes 0 and 1), and a CPU-less 1 GiB
-# node 2 that ACPI SLIT/HMAT describe as slower ("CXL"). Sourced by bash: sets emuhost_machine.
+# options: two sockets with a CPU and 1 GiB of DRAM each (nodes 0 and 1), and a CPU-less 2 GiB
+# node 2 that ACPI SLIT/HMAT describe as slower ("CXL"): 2 GiB so that the host e2e can reserve
+# a 1 GiB hugetlbfs page there at boot (its vm-j) and still have a GiB for its other VMs. QEMU's
+# TCG host backs only the pages the emulated host touches. Sourced by bash: sets emuhost_machine.
 emuhost_machine=(
-	-accel tcg,thread=multi -machine q35,hmat=on -cpu max -smp 2,sockets=2 -m 3G
+	-accel tcg,thread=multi -machine q35,hmat=on -cpu max -smp 2,sockets=2 -m 4G
 	-object memory-backend-ram,size=1G,id=m0 -object memory-backend-ram,size=1G,id=m1
-	-object memory-backend-ram,size=1G,id=m2
+	-object memory-backend-ram,size=2G,id=m2
 	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1
 	-numa node,nodeid=2,memdev=m2,initiator=0
 	-numa dist,src=0,dst=1,val=21 -numa dist,src=0,dst=2,val=24 -numa dist,src=1,dst=2,val=32
