@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -115,8 +115,9 @@ pub struct QuotaChangeStatus {
     pub at_unix_s: f64,
 }
 
-/// Hot-set bytes a plan left on slow memory, by reason (`VmPlanStats`).
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+/// Hot-set bytes a plan left on slow memory, by reason (`VmPlanStats`). The testbed's samples
+/// read it back from the status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeftOut {
     /// The round's move budget ran out.
     pub budget_bytes: u64,
@@ -140,7 +141,8 @@ impl LeftOut {
         }
     }
 
-    fn by_reason(&self) -> [(&'static str, u64); 4] {
+    /// Bytes by reason, as the metric labels them.
+    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
         [
             ("budget", self.budget_bytes),
             ("hysteresis", self.hysteresis_bytes),

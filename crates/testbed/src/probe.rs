@@ -384,20 +384,14 @@ fn published_levels(
 }
 
 /// What vtismd's last plan held back from DRAM, when it held anything.
-fn left_out_note(l: Option<&crate::report::LeftOut>) -> String {
-    let Some(l) = l else {
-        return String::new();
-    };
-    let parts: Vec<String> = [
-        ("budget", l.budget_bytes),
-        ("hysteresis", l.hysteresis_bytes),
-        ("return", l.return_bytes),
-        ("capacity", l.capacity_bytes),
-    ]
-    .iter()
-    .filter(|(_, b)| *b > 0)
-    .map(|(r, b)| format!("{r} {:.1}", mib(*b)))
-    .collect();
+fn left_out_note(l: Option<&vtism_host::metrics::LeftOut>) -> String {
+    let parts: Vec<String> = l
+        .map(|l| l.by_reason())
+        .into_iter()
+        .flatten()
+        .filter(|(_, b)| *b > 0)
+        .map(|(r, b)| format!("{r} {:.1}", mib(b)))
+        .collect();
     if parts.is_empty() {
         String::new()
     } else {

@@ -68,16 +68,7 @@ pub struct Sample {
     pub placement_settled: Option<bool>,
     /// Hot-set bytes vtismd's last plan left on slow memory, by reason (its status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub left_out: Option<LeftOut>,
-}
-
-/// vtismd's `left_out` status: hot-set bytes its last plan left on slow memory, by reason.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LeftOut {
-    pub budget_bytes: u64,
-    pub hysteresis_bytes: u64,
-    pub return_bytes: u64,
-    pub capacity_bytes: u64,
+    pub left_out: Option<vtism_host::metrics::LeftOut>,
 }
 
 impl Sample {
@@ -668,6 +659,25 @@ mod tests {
 
     fn failed(c: &[Check]) -> Vec<&'static str> {
         c.iter().filter(|c| !c.ok).map(|c| c.name).collect()
+    }
+
+    /// vtismd's `left_out` as its status writes it comes back into the samples: the probe
+    /// reads it from `ctl status --json`, and reports read the samples again.
+    #[test]
+    fn left_out_from_the_daemons_status_round_trips() {
+        let lo = vtism_host::metrics::LeftOut {
+            return_bytes: 2 << 20,
+            ..Default::default()
+        };
+        let status = serde_json::json!({ "left_out": lo });
+        let read: vtism_host::metrics::LeftOut =
+            serde_json::from_value(status["left_out"].clone()).unwrap();
+        let s = Sample {
+            left_out: Some(read),
+            ..sample(1.0, Phase::Tracking, 1, 0, 4096, 16 << 20)
+        };
+        let back: Sample = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back.left_out, Some(lo));
     }
 
     #[test]
