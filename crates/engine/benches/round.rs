@@ -54,11 +54,7 @@ fn round(e: &mut VtismPolicy, s: &Shape, t: u64) -> Plan {
 fn converged_gups(gups: &Shape) -> VtismPolicy {
     let e = shapes::converged(gups);
     print_memory(&e, "4 KiB host pages");
-    let mut thp = shapes::converged(gups);
-    thp.set_host_folios(VM, shapes::thp_heads()).unwrap();
-    for r in 0..4 {
-        round(&mut thp, gups, 1000 + r);
-    }
+    let thp = shapes::converged_on_thps(gups);
     print_memory(&thp, "every 2 MiB block a host THP");
     e
 }

@@ -92,7 +92,18 @@ fn engine(quota_bytes: u64) -> VtismPolicy {
 /// The engine for `shape`, after rounds enough to bring the hot set to fast memory: the steady
 /// state a host lives in.
 pub fn converged(shape: &Shape) -> VtismPolicy {
+    converge(engine(shape.quota_bytes), shape)
+}
+
+/// `converged` for a VM whose every 2 MiB block is a host THP from the start, as vtismd learns
+/// at admission: its rounds fold into one entry per folio from the first.
+pub fn converged_on_thps(shape: &Shape) -> VtismPolicy {
     let mut e = engine(shape.quota_bytes);
+    e.set_host_folios(VM, thp_heads()).unwrap();
+    converge(e, shape)
+}
+
+fn converge(mut e: VtismPolicy, shape: &Shape) -> VtismPolicy {
     let mut last = None;
     for r in 0..40 {
         e.observe(VM, shape.observation(r), Nanos::from_secs(r))
