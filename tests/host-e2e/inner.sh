@@ -90,6 +90,23 @@ start_bare_vm() {
 		-daemonize -pidfile $W/$name.pid "$@"
 }
 
+# start_hugetlb_vm NAME SIZE PAGE: start_vm's channel and monitors (no sampler), its RAM (SIZE,
+# QEMU's syntax) on hugetlbfs pages of PAGE (memfd, as QEMU's hugetlb=on), preallocated on node 2
+# from a pool the caller made.
+start_hugetlb_vm() {
+	local name=$1 size=$2 page=$3
+	truncate -s 1M /dev/shm/vtism-$name.chan
+	taskset -c 0 qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m "$size" -smp 1 -S \
+		-display none -nodefaults -name "$name" \
+		-object memory-backend-memfd,id=ram0,size=$size,hugetlb=on,hugetlbsize=$page,prealloc=on,host-nodes=2,policy=bind \
+		-numa node,nodeid=0,memdev=ram0 \
+		-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-$name.chan,size=1M,share=on \
+		-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
+		-qmp unix:$W/qmp/$name.qmp,server=on,wait=off \
+		-qmp unix:$W/$name.harness,server=on,wait=off \
+		-daemonize -pidfile $W/$name.pid
+}
+
 daemon_sections() { # what every daemon configuration here starts with
 	cat <<EOF
 [daemon]
@@ -210,16 +227,7 @@ check "late VM on socket 1: vm-d picked up, hot frames on node 1 (its home), res
 # 8 MiB hot set is four pages; the quota (16 MiB) holds at every sample.
 HP=/sys/devices/system/node/node2/hugepages/hugepages-2048kB/nr_hugepages
 echo 40 >$HP
-truncate -s 1M /dev/shm/vtism-vm-g.chan
-taskset -c 0 qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m 64M -smp 1 -S \
-	-display none -nodefaults -name vm-g \
-	-object memory-backend-memfd,id=ram0,size=64M,hugetlb=on,hugetlbsize=2M,prealloc=on,host-nodes=2,policy=bind \
-	-numa node,nodeid=0,memdev=ram0 \
-	-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-vm-g.chan,size=1M,share=on \
-	-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
-	-qmp unix:$W/qmp/vm-g.qmp,server=on,wait=off \
-	-qmp unix:$W/vm-g.harness,server=on,wait=off \
-	-daemonize -pidfile $W/vm-g.pid || fail "hugetlbfs: vm-g did not start (pool: $(cat $HP) pages on node 2)"
+start_hugetlb_vm vm-g 64M 2M || fail "hugetlbfs: vm-g did not start (pool: $(cat $HP) pages on node 2)"
 $H publish /dev/shm/vtism-vm-g.chan 0x800+2048 200 >"$OUT/publish-g.log" 2>&1 &
 PUB_G=$!
 check "hugetlbfs: vm-g's hinted pages on node 0, the rest on node 2, quota 16 MiB held" \
@@ -249,16 +257,7 @@ GP=/sys/devices/system/node/node2/hugepages/hugepages-1048576kB/nr_hugepages
 if [ "$(cat $GP 2>/dev/null)" != 1 ]; then
 	fail "hugetlbfs 1 GiB: no gigantic page on node 2 (nr_hugepages $(cat $GP 2>/dev/null || echo absent))"
 else
-	truncate -s 1M /dev/shm/vtism-vm-j.chan
-	taskset -c 0 qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m 1G -smp 1 -S \
-		-display none -nodefaults -name vm-j \
-		-object memory-backend-memfd,id=ram0,size=1G,hugetlb=on,hugetlbsize=1G,prealloc=on,host-nodes=2,policy=bind \
-		-numa node,nodeid=0,memdev=ram0 \
-		-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-vm-j.chan,size=1M,share=on \
-		-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
-		-qmp unix:$W/qmp/vm-j.qmp,server=on,wait=off \
-		-qmp unix:$W/vm-j.harness,server=on,wait=off \
-		-daemonize -pidfile $W/vm-j.pid || fail "hugetlbfs 1 GiB: vm-j did not start"
+	start_hugetlb_vm vm-j 1G 1G || fail "hugetlbfs 1 GiB: vm-j did not start"
 	$H publish /dev/shm/vtism-vm-j.chan 0x800+2048 200 >"$OUT/publish-j.log" 2>&1 &
 	PUB_J=$!
 	# 30 hint rounds accepted (6 s of the publisher's 200 ms rounds) after the first plan.
