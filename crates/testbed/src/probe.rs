@@ -150,6 +150,8 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
     let mut warm_noted = false;
     let mut layout_: Option<Layout> = None;
     let mut last_note = 0u64;
+    // The workload's last report (its clock, ms) and when it came (the probe's clock, s).
+    let mut last_report: (Option<u64>, f64) = (None, 0.0);
     let period = Duration::from_millis(a.period_ms);
     loop {
         std::thread::sleep(period);
@@ -296,14 +298,31 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
                 println!("TB tracking limit reached ({} s)", settings.track_limit_s);
                 return Ok(());
             }
+            let workload_ms = con.truth.rate.map(|r| r.ms);
             if settings.warm_after_s > 0
                 && con.truth.warm_at_ms.is_none()
-                && t >= settings.warm_after_s as f64 + 60.0
+                && overdue(workload_ms, settings.warm_after_s)
             {
-                bail!("the workload's warm background did not start {t:.0} s into the run");
+                bail!(
+                    "the workload's warm background did not start {:.0} s into its run (due at {} s)",
+                    workload_ms.unwrap_or(0) as f64 / 1e3,
+                    settings.warm_after_s
+                );
             }
-            if move_pending && t >= settings.move_after_s as f64 + 60.0 {
-                bail!("the workload's hot set did not move {t:.0} s into the run");
+            if move_pending && overdue(workload_ms, settings.move_after_s) {
+                bail!(
+                    "the workload's hot set did not move {:.0} s into its run (due at {} s)",
+                    workload_ms.unwrap_or(0) as f64 / 1e3,
+                    settings.move_after_s
+                );
+            }
+            if workload_ms != last_report.0 {
+                last_report = (workload_ms, t);
+            } else if t - last_report.1 >= WORKLOAD_SILENT_S {
+                bail!(
+                    "the workload has reported nothing for {WORKLOAD_SILENT_S:.0} s (its last report: {:.0} s into its run)",
+                    workload_ms.unwrap_or(0) as f64 / 1e3
+                );
             }
         } else if t >= (settings.control_s + 300) as f64 {
             bail!("the tracker module was not loaded {t:.0} s into the run");
@@ -384,6 +403,17 @@ fn published_levels(
 }
 
 /// What vtismd's last plan held back from DRAM, when it held anything.
+/// The workload reports its clock once a second (TBTPUT); silent this long, it has stopped.
+const WORKLOAD_SILENT_S: f64 = 120.0;
+
+/// Whether the workload's clock (ms since it was ready, its last report) is a minute past `due_s`:
+/// it should have acted by then. Deadlines on the workload's own clock: the nested guest's clock
+/// counts instructions, and on a loaded host it runs at half the wall clock's speed or less
+/// (a control phase of 45 s lasted 85 s), so a wall-clock deadline failed runs that were fine.
+fn overdue(workload_ms: Option<u64>, due_s: u64) -> bool {
+    workload_ms.is_some_and(|ms| ms >= (due_s + 60) * 1000)
+}
+
 fn left_out_note(l: Option<&vtism_host::metrics::LeftOut>) -> String {
     let parts: Vec<String> = l
         .map(|l| l.by_reason())
@@ -419,5 +449,14 @@ mod tests {
         let mut c = Console::default();
         c.line("TBERR insmod failed");
         assert_eq!(c.error.as_deref(), Some("insmod failed"));
+    }
+
+    #[test]
+    fn deadlines_run_on_the_workloads_clock() {
+        // Due at 90 s: not overdue until the workload's own clock is a minute past it, however
+        // long the wall clock has run.
+        assert!(!overdue(None, 90));
+        assert!(!overdue(Some(149_999), 90));
+        assert!(overdue(Some(150_000), 90));
     }
 }
