@@ -232,11 +232,8 @@ $H publish /dev/shm/vtism-vm-g.chan 0x800+2048 200 >"$OUT/publish-g.log" 2>&1 &
 PUB_G=$!
 check "hugetlbfs: vm-g's hinted pages on node 0, the rest on node 2, quota 16 MiB held" \
 	$H wait $W/vm-g.harness /dev/shm/vtism-vm-g.chan 0x800+2048 0 2 16 120 max-round=60
-ht=$(vm_expr vm-g "v['backing']['hugetlb_bytes'] >> 20 if v['backing'] else -1")
-hps=$(vm_expr vm-g "v['backing']['hugetlb_page_bytes'] >> 10 if v['backing'] else -1")
-outc=$(vm_expr vm-g "sorted(v['pages_by_outcome'].items())")
-moved=$(vm_expr vm-g "v['pages_by_outcome'].get('moved', 0)")
-others=$(vm_expr vm-g "sum(n for o, n in v['pages_by_outcome'].items() if o != 'moved')")
+# One status read for all five: they belong to one moment.
+read -r ht hps moved others outc <<<"$(vm_expr vm-g "' '.join(map(str, ((v['backing']['hugetlb_bytes'] >> 20, v['backing']['hugetlb_page_bytes'] >> 10) if v['backing'] else (-1, -1)) + (v['pages_by_outcome'].get('moved', 0), sum(n for o, n in v['pages_by_outcome'].items() if o != 'moved'), sorted(v['pages_by_outcome'].items()))))")"
 # 64 MiB less the PC's hole below 1 MiB.
 [ "$ht" = 63 ] && [ "$hps" = 2048 ] && [ "${moved:-0}" -ge 2048 ] && [ "$others" = 0 ] &&
 	pass "hugetlbfs: ctl status says $ht MiB in 2 MiB pages; move outcomes $outc, nothing failed, busy or left" ||
@@ -247,7 +244,7 @@ vm_g_gone() { [ "$(status_json | python3 -c "import json,sys; print(len([v for v
 check "hugetlbfs: vm-g dropped when its QEMU exits" wait_for 20 vm_g_gone
 wait_for 10 bash -c "! kill -0 $(cat $W/vm-g.pid)"
 
-# vm-j: guest RAM on one 1 GiB hugetlbfs page on node 2, reserved at boot. The kernel moves a gigantic page only
+# vm-j: guest RAM on one 1 GiB hugetlbfs page on node 2. The kernel moves a gigantic page only
 # whole and only into a free gigantic page of the target node's pool (mm/hugetlb.c allocates none
 # for migration), which no quota here could hold: vtismd leaves it where it is, says so once, and
 # hands none of its frames to move_pages however hot the guest says they are.
@@ -263,11 +260,7 @@ else
 	# 30 hint rounds accepted (6 s of the publisher's 200 ms rounds) after the first plan.
 	vm_j_rounds() { [ "$(vm_field vm-j rounds_accepted)" -ge "${1:-30}" ] 2>/dev/null; }
 	check "hugetlbfs 1 GiB: vm-j picked up and its hints accepted (30 rounds)" wait_for 90 vm_j_rounds 30
-	ps_j=$(vm_expr vm-j "v['backing']['hugetlb_page_bytes'] >> 20 if v['backing'] else -1")
-	um_j=$(vm_expr vm-j "v['backing']['unmovable_bytes'] >> 20 if v['backing'] else -1")
-	outc_j=$(vm_expr vm-j "sorted(v['pages_by_outcome'].items())")
-	moved_j=$(vm_expr vm-j "v['promoted_bytes'] + v['demoted_bytes']")
-	fast_j=$(vm_expr vm-j "v['fast_bytes']")
+	read -r ps_j um_j moved_j fast_j outc_j <<<"$(vm_expr vm-j "' '.join(map(str, ((v['backing']['hugetlb_page_bytes'] >> 20, v['backing']['unmovable_bytes'] >> 20) if v['backing'] else (-1, -1)) + (v['promoted_bytes'] + v['demoted_bytes'], v['fast_bytes'], sorted(v['pages_by_outcome'].items()))))")"
 	# 1 GiB less the PC's hole below 1 MiB.
 	[ "$ps_j" = 1024 ] && [ "$um_j" -ge 1023 ] 2>/dev/null && [ "$outc_j" = "[]" ] && [ "$moved_j" = 0 ] && [ "$fast_j" = 0 ] &&
 		pass "hugetlbfs 1 GiB: ctl status says $um_j MiB not movable in $ps_j MiB pages; nothing handed to move_pages ($outc_j), nothing moved" ||
