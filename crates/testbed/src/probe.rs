@@ -147,6 +147,8 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
     let mut loaded_at: Option<f64> = None;
     let mut reached_at: Option<f64> = None;
     let mut moved_at: Option<f64> = None;
+    // The same two moments on the workload's clock (Sample::clock_s).
+    let (mut loaded_at_clock, mut moved_at_clock): (Option<f64>, Option<f64>) = (None, None);
     let mut warm_noted = false;
     let mut layout_: Option<Layout> = None;
     let mut last_note = 0u64;
@@ -216,6 +218,7 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
         let field = |k: &str| known(k).unwrap_or(0);
         let s = Sample {
             t_s: t,
+            workload_s: con.truth.rate.map(|r| r.ms as f64 / 1e3),
             phase: if loaded_at.is_some() {
                 Phase::Tracking
             } else {
@@ -272,11 +275,18 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             s.updates_per_s.map_or("-".into(), |u| format!("{:.2} M/s", u as f64 / 1e6)),
             left_out_note(s.left_out.as_ref()),
         );
-        if let Some(lt) = loaded_at {
+        if loaded_at_clock.is_none() && loaded_at.is_some() {
+            loaded_at_clock = Some(s.clock_s());
+        }
+        if moved_at_clock.is_none() && moved_at.is_some() {
+            moved_at_clock = Some(s.clock_s());
+        }
+        if let (Some(lt), Some(lc)) = (loaded_at, loaded_at_clock) {
             // The hot set still to move keeps the run going; after the move the new hot set gets
-            // the tracking limit again.
+            // the tracking limit again, on the workload's clock as the checks count it.
             let move_pending = settings.move_after_s > 0 && moved_at.is_none();
             let since = moved_at.map_or(lt, |m| m.max(lt));
+            let since_clock = moved_at_clock.map_or(lc, |m| m.max(lc));
             if reached_at.is_none() && s.hot_dram_share() >= settings.target_share {
                 reached_at = Some(t);
                 println!(
@@ -294,7 +304,9 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             if !move_pending && reached_at.is_some_and(|r| t - r >= settings.hold_s as f64) {
                 return Ok(());
             }
-            if !move_pending && t - since >= (settings.track_limit_s + settings.hold_s) as f64 {
+            if !move_pending
+                && s.clock_s() - since_clock >= (settings.track_limit_s + settings.hold_s) as f64
+            {
                 println!("TB tracking limit reached ({} s)", settings.track_limit_s);
                 return Ok(());
             }
