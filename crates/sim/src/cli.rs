@@ -16,6 +16,9 @@ Workloads (--workload): gups-hotset, gups-hotset-move, kv-zipf, graph, seq-windo
 mix-hmmv4; the bake-off's (docs/bakeoff.md): bakeoff-gups, bakeoff-gups-move, bakeoff-kv; or
 --trace FILE to replay a recorded hint stream.
 Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem.
+--host-thp backs guest RAM with 2 MiB host folios: a move takes whole folios, a split block's
+accesses cost 43.4 ns more (TLB reach), khugepaged collapses split blocks again; use it with
+--unit 4k to give folios 4 KiB structure.
 The model, the peers and their assumptions: docs/evaluation.md.";
 
 #[derive(Subcommand, Debug)]
@@ -53,6 +56,10 @@ pub struct Common {
     /// Placement unit: 4k, 64k, 2m (a power of two from 4 KiB to 2 MiB).
     #[arg(long, default_value = "2m")]
     pub unit: String,
+    /// Back each VM's RAM with 2 MiB host folios (THP `always`, all huge at the start): a move
+    /// of any frame takes the whole folio, splits cost TLB reach, khugepaged collapses again.
+    #[arg(long)]
+    pub host_thp: bool,
     /// Multiplies every workload footprint (0.25 = a quarter of the size).
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
@@ -169,6 +176,7 @@ pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
     cfg.duration_s = c.duration;
     cfg.slow_per_fast = parse_ratio(&c.ratio)?;
     cfg.seed = c.seed;
+    cfg.host_thp = c.host_thp;
     if c.sample_s.is_nan() || c.sample_s < cfg.epoch_s {
         anyhow::bail!("--sample-s: must be at least one epoch");
     }
@@ -439,8 +447,30 @@ struct JsonOut<'a> {
     ratio: &'a str,
     duration_s: f64,
     unit_bytes: u64,
+    host_thp: bool,
     seed: u64,
     rows: &'a [Row],
+    /// With `--host-thp`: per policy, the host folios split and collapsed again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_folios: Option<Vec<FolioCounts>>,
+}
+
+#[derive(serde::Serialize)]
+struct FolioCounts {
+    policy: String,
+    splits: u64,
+    collapses: u64,
+}
+
+fn folio_counts(results: &[RunResult]) -> Vec<FolioCounts> {
+    results
+        .iter()
+        .map(|r| FolioCounts {
+            policy: r.policy.clone(),
+            splits: r.vms.iter().map(|v| v.splits).sum(),
+            collapses: r.vms.iter().map(|v| v.collapses).sum(),
+        })
+        .collect()
 }
 
 fn emit(
@@ -458,16 +488,31 @@ fn emit(
             ratio: &c.ratio,
             duration_s: cfg.duration_s,
             unit_bytes: cfg.unit_bytes,
+            host_thp: cfg.host_thp,
             seed: cfg.seed,
             rows,
+            host_folios: cfg.host_thp.then(|| folio_counts(results)),
         };
         println!("{}", serde_json::to_string(&j)?);
     } else {
         println!(
-            "\n{title} on {} at fast:slow {}, {} s, seed {}\n",
-            cfg.model.name, c.ratio, cfg.duration_s, cfg.seed
+            "\n{title} on {} at fast:slow {}, {} s, seed {}{}\n",
+            cfg.model.name,
+            c.ratio,
+            cfg.duration_s,
+            cfg.seed,
+            if cfg.host_thp { ", host THP" } else { "" }
         );
         print!("{}", report::table(rows));
+        if cfg.host_thp {
+            println!();
+            for f in folio_counts(results) {
+                println!(
+                    "{}: {} host folios split, {} collapsed again",
+                    f.policy, f.splits, f.collapses
+                );
+            }
+        }
         if reference.vms.len() > 1 {
             print!("\nper VM:\n\n{}", report::per_vm_table(results, reference));
         }

@@ -177,6 +177,9 @@ impl Policy for DaemonRound {
     }
 }
 
+/// vtismd's handling of host folios comes with the round (next commit).
+impl crate::host_folios::HostPagesAware for DaemonRound {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

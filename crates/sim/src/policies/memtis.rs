@@ -168,6 +168,8 @@ impl Policy for Memtis {
     }
 }
 
+impl crate::host_folios::HostPagesAware for Memtis {}
+
 #[cfg(test)]
 mod tests {
     use super::bin;

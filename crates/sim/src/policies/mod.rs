@@ -94,7 +94,7 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         (0..setup.specs.len()).map(f).collect()
     };
     let run = |name: &str,
-               policy: Box<dyn vtism_engine::Policy + Send>,
+               policy: Box<dyn crate::sim::SimPolicy>,
                trackers: Vec<Box<dyn Tracker>>,
                pm: MoveMode,
                dm: MoveMode| PolicyRun {
