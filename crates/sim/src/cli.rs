@@ -15,7 +15,8 @@ Memory models (--model): optane, cxl, remote-numa, or a TOML file (see docs/eval
 Workloads (--workload): gups-hotset, gups-hotset-move, kv-zipf, graph, seq-window, file-cache,
 mix-hmmv4; the bake-off's (docs/bakeoff.md): bakeoff-gups, bakeoff-gups-move, bakeoff-kv; or
 --trace FILE to replay a recorded hint stream.
-Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem.
+Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem;
+named only: vtism-no-split (with --host-thp: folio split requests never carried out).
 --host-thp backs guest RAM with 2 MiB host folios: a move takes whole folios, a split block's
 accesses cost 43.4 ns more (TLB reach), khugepaged collapses split blocks again; use it with
 --unit 4k to give folios 4 KiB structure.
@@ -119,6 +120,10 @@ pub fn sim_main(cmd: SimCommand) -> anyhow::Result<()> {
             println!("\npolicies:");
             for (n, d) in POLICIES {
                 println!("  {n:<12} {d}");
+            }
+            println!("\nvariants (only when named):");
+            for (n, d) in policies::VARIANTS {
+                println!("  {n:<14} {d}");
             }
             Ok(())
         }
@@ -283,12 +288,11 @@ pub fn run_one(
 fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
     let cfg = config(&a.common)?;
     let wls = workloads(&a.common, &cfg, &a.common.workload)?;
-    let names = policies::names();
-    if !names.contains(&a.policy.as_str()) {
+    if !policies::known(&a.policy) {
         anyhow::bail!(
             "--policy: unknown policy {:?}; one of: {}",
             a.policy,
-            names.join(", ")
+            policies::names().join(", ")
         );
     }
     let pb = progress_bar(&a.policy, a.common.json);
@@ -327,7 +331,7 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         policies::names().iter().map(|s| s.to_string()).collect()
     };
     for p in &pols {
-        if !policies::names().contains(&p.as_str()) {
+        if !policies::known(p) {
             anyhow::bail!(
                 "--policies: unknown policy {p:?}; one of: {}",
                 policies::names().join(", ")

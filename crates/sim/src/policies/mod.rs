@@ -83,6 +83,17 @@ pub fn names() -> Vec<&'static str> {
     POLICIES.iter().map(|p| p.0).collect()
 }
 
+/// Variants run only when named, for one comparison each: never rows of the default suite.
+pub const VARIANTS: &[(&str, &str)] = &[(
+    "vtism-no-split",
+    "vtism whose folio split requests are never carried out (--host-thp): the split rule's baseline",
+)];
+
+/// A policy or a variant `build` knows.
+pub fn known(name: &str) -> bool {
+    POLICIES.iter().chain(VARIANTS).any(|p| p.0 == name)
+}
+
 /// Policies that only differ from `vtism` when several VMs share fast memory.
 pub const MULTI_VM_ONLY: &[&str] = &["vtism-island", "vtism-pool"];
 
@@ -140,14 +151,19 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         }
         // vtismd's round at its cadence and limits: every VM at its own quota (island mode),
         // or quotas following hot sets (pool mode).
-        "vtism" | "vtism-island" | "vtism-pool" => {
+        "vtism" | "vtism-island" | "vtism-pool" | "vtism-no-split" => {
             let fast: u64 = setup.specs.iter().map(|s| s.fast_quota_bytes).sum();
             let (label, mode) = match name {
                 "vtism" => ("vtism", vtism_engine::PoolMode::Island),
                 "vtism-pool" => ("vtism-pool", vtism_engine::PoolMode::Pool),
+                "vtism-no-split" => ("vtism-no-split", vtism_engine::PoolMode::Island),
                 _ => ("vtism-island", vtism_engine::PoolMode::Island),
             };
-            let round = DaemonRound::new(label, vtism_engine()?, mode, fast, RoundLimits::DEFAULT)?;
+            let mut round =
+                DaemonRound::new(label, vtism_engine()?, mode, fast, RoundLimits::DEFAULT)?;
+            if name == "vtism-no-split" {
+                round = round.never_split();
+            }
             run(name, Box::new(round), per_vm(&guest_scanner), Unmap, Unmap)
         }
         "oracle" => run(
