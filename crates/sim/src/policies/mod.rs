@@ -8,6 +8,7 @@ mod daemon_round;
 mod hemem;
 mod hmmv;
 mod memtis;
+mod memtis_split;
 mod oracle;
 mod tpp;
 
@@ -208,7 +209,11 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         }
         "memtis" => run(
             name,
-            Box::new(Memtis::new(fpu)),
+            Box::new(Memtis::new(
+                fpu,
+                cfg.model.fast.read_ns,
+                cfg.model.slow.read_ns,
+            )),
             per_vm(&|i| {
                 Box::new(PebsSampler::new(
                     199.0,
@@ -299,6 +304,15 @@ impl VmBook {
             }
         }
         Ok(())
+    }
+    /// A move of units `u..u + n`, all on one tier, to the other; updates the book.
+    pub fn mv_units(&mut self, u: usize, n: usize, kind: MoveKind, phase: Phase) -> Move {
+        let mut m = self.mv(u, kind, phase);
+        for x in u + 1..u + n {
+            self.mv(x, kind, phase);
+        }
+        m.frames = n as u64 * self.fpu;
+        m
     }
     /// A move of unit `u` to the other tier; updates the book.
     pub fn mv(&mut self, u: usize, kind: MoveKind, phase: Phase) -> Move {
