@@ -3,7 +3,7 @@
 use crate::model::{MemoryModel, PRESETS};
 use crate::policies::{self, POLICIES};
 use crate::report::{self, Row};
-use crate::sim::{self, RunResult, SimConfig, World};
+use crate::sim::{self, HostPages, RunResult, SimConfig, World};
 use crate::trace::TraceWorkload;
 use crate::workload::{self, Kind, VmWorkload, SUITE, WORKLOADS};
 use clap::{Args, Subcommand};
@@ -16,10 +16,10 @@ Workloads (--workload): gups-hotset, gups-hotset-move, kv-zipf, graph, seq-windo
 mix-hmmv4; the bake-off's (docs/bakeoff.md): bakeoff-gups, bakeoff-gups-move, bakeoff-kv; or
 --trace FILE to replay a recorded hint stream.
 Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem;
-named only: vtism-no-split (with --host-thp: folio split requests never carried out).
---host-thp backs guest RAM with 2 MiB host folios: a move takes whole folios, a split block's
-accesses cost 43.4 ns more (TLB reach), khugepaged collapses split blocks again; use it with
---unit 4k to give folios 4 KiB structure.
+named only: vtism-no-split (with --host-pages thp: folio split requests never carried out).
+--host-pages thp backs guest RAM with 2 MiB host folios: a move takes whole folios, a split
+block's accesses cost 43.4 ns more (TLB reach), khugepaged collapses split blocks again; use it
+with --unit 4k to give folios 4 KiB structure. --host-pages 4k: every access pays the 43.4 ns.
 The model, the peers and their assumptions: docs/evaluation.md.";
 
 #[derive(Subcommand, Debug)]
@@ -57,10 +57,12 @@ pub struct Common {
     /// Placement unit: 4k, 64k, 2m (a power of two from 4 KiB to 2 MiB).
     #[arg(long, default_value = "2m")]
     pub unit: String,
-    /// Back each VM's RAM with 2 MiB host folios (THP `always`, all huge at the start): a move
-    /// of any frame takes the whole folio, splits cost TLB reach, khugepaged collapses again.
-    #[arg(long)]
-    pub host_thp: bool,
+    /// How the host backs guest RAM: `thp`, 2 MiB folios (THP `always`, all huge at the start:
+    /// a move of any frame takes the whole folio, a split block's accesses cost TLB reach,
+    /// khugepaged collapses again), or `4k` (THP `never`: every access pays that cost). Not
+    /// given: not modelled (no TLB cost, moves take what they ask for).
+    #[arg(long, value_name = "thp|4k")]
+    pub host_pages: Option<String>,
     /// Multiplies every workload footprint (0.25 = a quarter of the size).
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
@@ -181,7 +183,12 @@ pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
     cfg.duration_s = c.duration;
     cfg.slow_per_fast = parse_ratio(&c.ratio)?;
     cfg.seed = c.seed;
-    cfg.host_thp = c.host_thp;
+    cfg.host_pages = match c.host_pages.as_deref() {
+        None => HostPages::NotModelled,
+        Some("thp") => HostPages::Thp,
+        Some("4k") => HostPages::Base,
+        Some(other) => anyhow::bail!("--host-pages: expected thp or 4k, got {other:?}"),
+    };
     if c.sample_s.is_nan() || c.sample_s < cfg.epoch_s {
         anyhow::bail!("--sample-s: must be at least one epoch");
     }
@@ -451,10 +458,10 @@ struct JsonOut<'a> {
     ratio: &'a str,
     duration_s: f64,
     unit_bytes: u64,
-    host_thp: bool,
+    host_pages: HostPages,
     seed: u64,
     rows: &'a [Row],
-    /// With `--host-thp`: per policy, the host folios split and collapsed again.
+    /// With `--host-pages thp`: per policy, the host folios split and collapsed again.
     #[serde(skip_serializing_if = "Option::is_none")]
     host_folios: Option<Vec<FolioCounts>>,
 }
@@ -492,10 +499,10 @@ fn emit(
             ratio: &c.ratio,
             duration_s: cfg.duration_s,
             unit_bytes: cfg.unit_bytes,
-            host_thp: cfg.host_thp,
+            host_pages: cfg.host_pages,
             seed: cfg.seed,
             rows,
-            host_folios: cfg.host_thp.then(|| folio_counts(results)),
+            host_folios: (cfg.host_pages == HostPages::Thp).then(|| folio_counts(results)),
         };
         println!("{}", serde_json::to_string(&j)?);
     } else {
@@ -505,10 +512,14 @@ fn emit(
             c.ratio,
             cfg.duration_s,
             cfg.seed,
-            if cfg.host_thp { ", host THP" } else { "" }
+            match cfg.host_pages {
+                HostPages::NotModelled => "",
+                HostPages::Base => ", 4 KiB host pages",
+                HostPages::Thp => ", host THP",
+            }
         );
         print!("{}", report::table(rows));
-        if cfg.host_thp {
+        if cfg.host_pages == HostPages::Thp {
             println!();
             for f in folio_counts(results) {
                 println!(

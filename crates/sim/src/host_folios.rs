@@ -1,5 +1,7 @@
-//! Host huge pages (`--host-thp`): each VM's RAM backed by 2 MiB host folios, as QEMU's RAM is
-//! with THP `always` (docs/host.md, "Host huge pages"), every whole block huge at the start.
+//! Host huge pages (`--host-pages thp`): each VM's RAM backed by 2 MiB host folios, as QEMU's
+//! RAM is with THP `always` (docs/host.md, "Host huge pages"), every whole block huge at the
+//! start. `--host-pages 4k` maps every block with 4 KiB pages (THP `never`): no folio, every
+//! access pays the lost TLB reach.
 //!
 //! What the kernel does with them, and the simulator with it:
 //! - **Moves.** move_pages(2) on any 4 KiB page of a PMD-mapped THP moves the whole folio
@@ -45,6 +47,13 @@ pub struct HostBacking {
 }
 
 impl HostBacking {
+    /// Every block mapped with 4 KiB pages (THP `never`).
+    pub fn all_base(units: usize, unit_bytes: u64) -> HostBacking {
+        let mut h = HostBacking::all_huge(units, unit_bytes);
+        h.huge.iter_mut().for_each(|x| *x = false);
+        h
+    }
+
     /// Every whole block huge; a block cut short by the end of RAM is mapped with 4 KiB pages.
     pub fn all_huge(units: usize, unit_bytes: u64) -> HostBacking {
         let units_per_block = ((HUGE_FRAMES * FRAME_SIZE) / unit_bytes).max(1) as usize;

@@ -2,7 +2,7 @@
 //! workload models. The model and its limits are documented in docs/evaluation.md.
 //!
 //! - [`model`]: memory tiers (presets and TOML), migration and tracking costs.
-//! - [`host_folios`]: host huge pages (`--host-thp`): whole-folio moves, splits, khugepaged.
+//! - [`host_folios`]: the host's pages (`--host-pages`): whole-folio moves, splits, khugepaged.
 //! - [`workload`]: seeded workload generators, as per-unit access shares over time.
 //! - [`trace`]: the recorded hint-stream format and its replay.
 //! - [`mechanism`]: what each tracking mechanism sees and costs.

@@ -73,7 +73,7 @@ pub struct EpochView<'a> {
     pub model: &'a MemoryModel,
     /// The VM's fast-memory quota now (what the guest learns from the host's feedback).
     pub quota_bytes: u64,
-    /// The host's huge pages (`--host-thp`), for mechanisms that see them.
+    /// The host's pages (`--host-pages`), for mechanisms that see them.
     pub host: Option<&'a HostBacking>,
 }
 

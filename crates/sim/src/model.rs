@@ -146,7 +146,7 @@ fn default_tlb_refill_us() -> f64 {
     61.4
 }
 
-/// What host huge pages change (`--host-thp`, `crate::host_folios`): the cost of an access to a
+/// What host huge pages change (`--host-pages`, `crate::host_folios`): the cost of an access to a
 /// block the host maps with 4 KiB pages instead of one 2 MiB page, and khugepaged's pace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

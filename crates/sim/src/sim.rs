@@ -6,8 +6,9 @@
 //! at that tier's loaded latency. In an epoch of `dt` the VM has `concurrency * dt` of thread time,
 //! less what tracking and migration stole, and makes `thread time / (cpu_ns + mean latency)`
 //! accesses. Tier loads couple the VMs: latency depends on the bandwidth all VMs (and migrations)
-//! use, so each epoch solves that fixed point. With host folios (`--host-thp`, `host_folios`) an
-//! access to a block the host maps with 4 KiB pages costs `split_access_ns` more.
+//! use, so each epoch solves that fixed point. With the host's pages modelled (`--host-pages`,
+//! `host_folios`) an access to a block the host maps with 4 KiB pages costs `split_access_ns`
+//! more than one through a 2 MiB page.
 
 use crate::host_folios::{HostBacking, HostPagesAware, Khugepaged};
 use crate::mechanism::{EpochView, Tracker};
@@ -43,9 +44,23 @@ pub struct SimConfig {
     pub heat_buckets: usize,
     /// vtism's engine parameters (the daemon's `[engine]`; defaults unless a test changes them).
     pub engine: vtism_engine::EngineParams,
-    /// Back each VM's RAM with 2 MiB host folios (`--host-thp`, `crate::host_folios`); without
-    /// it the host's pages are not modelled: moves take what they ask for, no TLB cost.
-    pub host_thp: bool,
+    /// How the host backs each VM's RAM (`--host-pages`).
+    pub host_pages: HostPages,
+}
+
+/// How the host backs guest RAM (`--host-pages`, `crate::host_folios`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPages {
+    /// Not modelled, as before the option: moves take the frames they ask for and no access
+    /// pays for TLB reach.
+    #[default]
+    NotModelled,
+    /// 4 KiB pages (THP `never`): moves take the frames they ask for, every access pays the
+    /// 4 KiB pages' TLB cost (`HostPagesModel::split_access_ns`), nothing is collapsed.
+    Base,
+    /// 2 MiB folios (THP `always`), every whole block huge at the start.
+    Thp,
 }
 
 impl SimConfig {
@@ -60,7 +75,7 @@ impl SimConfig {
             sample_s: 1.0,
             heat_buckets: 64,
             engine: vtism_engine::EngineParams::default(),
-            host_thp: false,
+            host_pages: HostPages::NotModelled,
         }
     }
     pub fn fpu(&self) -> u64 {
@@ -137,7 +152,7 @@ pub struct VmResult {
     pub migrated_bytes: u64,
     pub quota_bytes: u64,
     /// Host folios split (asked by the policy, or by the kernel to fit a move) and collapsed
-    /// again by khugepaged (`--host-thp`).
+    /// again by khugepaged (`--host-pages thp`).
     pub splits: u64,
     pub collapses: u64,
 }
@@ -206,7 +221,7 @@ struct VmState {
     units: usize,
     /// Frames of each unit in fast memory.
     fast: Vec<u32>,
-    /// The host's huge pages (`--host-thp`): a huge block's units are all on one node.
+    /// The host's pages (`--host-pages`): a huge block's units are all on one node.
     host: Option<HostBacking>,
     fast_frames: u64,
     phase: u64,
@@ -351,10 +366,12 @@ pub fn run(
         } else {
             quota_units
         };
-        let host = cfg
-            .host_thp
-            .then(|| HostBacking::all_huge(units, cfg.unit_bytes));
-        match &host {
+        let host = match cfg.host_pages {
+            HostPages::NotModelled => None,
+            HostPages::Base => Some(HostBacking::all_base(units, cfg.unit_bytes)),
+            HostPages::Thp => Some(HostBacking::all_huge(units, cfg.unit_bytes)),
+        };
+        match host.as_ref().filter(|_| cfg.host_pages == HostPages::Thp) {
             None => {
                 for &u in w.touch_order(cfg.unit_bytes).iter().take(first_fast) {
                     fast[u as usize] = fpu as u32;
@@ -379,7 +396,7 @@ pub fn run(
             pr.policy.set_placement(r.vm, r.gfn, r.frames, r.node)?;
         }
         // vtismd learns the folios at admission.
-        if let Some(h) = &host {
+        if let Some(h) = host.as_ref().filter(|_| cfg.host_pages == HostPages::Thp) {
             pr.policy.host_folios_changed(spec.id, &h.heads());
         }
         let phase = w.phase(0.0);
@@ -417,7 +434,7 @@ pub fn run(
     let mut mig_bytes = [0.0f64; 2];
     let mut s_migrated = 0u64;
     let mut sums = vec![[0.0f64; 4]; vms.len()];
-    // Share of each VM's accesses to blocks the host maps with 4 KiB pages (`--host-thp`).
+    // Share of each VM's accesses to blocks the host maps with 4 KiB pages (`--host-pages`).
     let mut split_share = vec![0.0f64; vms.len()];
     let blocks: Vec<usize> = vms
         .iter()
@@ -530,7 +547,7 @@ pub fn run(
         }
         // The host's huge pages change: splits the policy asked for, khugepaged's collapses.
         let mut host_mig = [0.0f64; 2];
-        if cfg.host_thp {
+        if cfg.host_pages == HostPages::Thp {
             let now = Nanos((t1 * 1e9).round() as u64);
             for (vm, head) in pr.policy.take_splits(now) {
                 if let Some(v) = vms.iter_mut().find(|v| v.id == vm) {
@@ -659,7 +676,7 @@ pub fn run(
 struct Landing {
     need: Vec<(usize, u32)>,
     frames: u64,
-    /// Page mappings unmapped (fractional without `--host-thp`: one per unit, as before).
+    /// Page mappings unmapped (fractional with the host's pages not modelled: one per unit, as before).
     mappings: f64,
     units: std::ops::Range<usize>,
     /// The kernel took whole folios beyond the frames asked for.

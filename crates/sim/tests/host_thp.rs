@@ -1,4 +1,4 @@
-//! Host huge pages in the simulator (`--host-thp`): what the kernel does with a folio when a
+//! Host huge pages in the simulator (`--host-pages`): what the kernel does with a folio when a
 //! policy moves one of its frames, what a split costs, where khugepaged puts a block back, and
 //! that runs stay deterministic. A scripted policy makes the moves and asks the splits.
 
@@ -12,7 +12,7 @@ use vtism_sim::cli::run_one;
 use vtism_sim::host_folios::HostPagesAware;
 use vtism_sim::mechanism::NoTracker;
 use vtism_sim::model::MemoryModel;
-use vtism_sim::sim::{self, MoveMode, PolicyRun, RunResult, SimConfig, FAST, SLOW};
+use vtism_sim::sim::{self, HostPages, MoveMode, PolicyRun, RunResult, SimConfig, FAST, SLOW};
 use vtism_sim::workload::{self, Kind, VmWorkload};
 
 const MIB: u64 = 1 << 20;
@@ -117,7 +117,7 @@ fn setup(duration: f64) -> (SimConfig, Vec<VmWorkload>) {
     c.unit_bytes = 4096;
     c.duration_s = duration;
     c.slow_per_fast = 1.0;
-    c.host_thp = true;
+    c.host_pages = HostPages::Thp;
     let w = VmWorkload {
         name: "uniform".into(),
         kind: Kind::Uniform { write_frac: 0.0 },
@@ -212,6 +212,16 @@ fn a_split_block_costs_its_accesses_the_tlb_penalty() {
     let got = b.samples[2].tput[0] / a.samples[2].tput[0];
     assert!((got - want).abs() < 1e-4, "{got} vs {want}");
     assert!(b.samples[0].tput[0] < a.samples[0].tput[0]);
+
+    // On 4 KiB host pages every access pays it.
+    let mut base = c.clone();
+    base.host_pages = HostPages::Base;
+    let (p, heard) = scripted(vec![], vec![]);
+    let d = run(&base, &w, p);
+    assert!(heard.lock().unwrap().folios.is_empty(), "no folio to tell");
+    let want = per_access / (per_access + penalty);
+    let got = d.samples[2].tput[0] / a.samples[2].tput[0];
+    assert!((got - want).abs() < 1e-4, "{got} vs {want}");
 }
 
 #[test]
@@ -253,7 +263,7 @@ fn host_thp_runs_with_the_same_seed_give_the_same_results() {
     let mut c = SimConfig::new(MemoryModel::preset("cxl").unwrap());
     c.unit_bytes = 4096;
     c.duration_s = 20.0;
-    c.host_thp = true;
+    c.host_pages = HostPages::Thp;
     let w = workload::scenario("kv-zipf", 1.0 / 64.0, c.duration_s, 2).unwrap();
     for p in ["vtism", "memtis", "tpp"] {
         let a = run_one(&c, &w, p, None, None).unwrap();
@@ -270,7 +280,7 @@ fn host_thp_runs_with_the_same_seed_give_the_same_results() {
     }
     // Host folios change the run: a 4 KiB move takes 2 MiB with them.
     let mut plain = c.clone();
-    plain.host_thp = false;
+    plain.host_pages = HostPages::NotModelled;
     let a = run_one(&c, &w, "tpp", None, None).unwrap();
     let b = run_one(&plain, &w, "tpp", None, None).unwrap();
     assert_ne!(a.migrated_bytes(), b.migrated_bytes());

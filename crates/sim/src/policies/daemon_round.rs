@@ -11,7 +11,7 @@
 //! VM's initial quota, shares equal to the initial quota. Island mode (the `vtism` row) keeps
 //! the initial quotas.
 //!
-//! Host folios (`--host-thp`) as vtismd handles them (docs/host.md, "Host huge pages"): the
+//! Host folios (`--host-pages thp`) as vtismd handles them (docs/host.md, "Host huge pages"): the
 //! backing is read at admission and re-read every `discovery.refresh_interval_ms`; the engine's
 //! split requests are carried out just before a re-read, so the engine sees its splits at once
 //! and khugepaged's collapses at the next re-read.

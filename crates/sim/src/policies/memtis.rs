@@ -7,7 +7,7 @@
 //! while free fast memory is under the watermark or room is needed, and promotes hot pages (then
 //! warm ones into spare room) from the slow tier.
 //!
-//! Pages are the simulator's units, or with host huge pages (`--host-thp`) Memtis' own mix: a
+//! Pages are the simulator's units, or with host huge pages (`--host-pages thp`) Memtis' own mix: a
 //! huge page counts the samples of all its subpages and ranks by their mean (a subpage's sample
 //! adds 512, a huge page's 1), is placed whole, and is split by Memtis' page size determination
 //! (`memtis_split`) when its subpages are skewed. At 2 MiB units a unit is a huge page and there

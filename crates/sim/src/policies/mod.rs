@@ -87,7 +87,7 @@ pub fn names() -> Vec<&'static str> {
 /// Variants run only when named, for one comparison each: never rows of the default suite.
 pub const VARIANTS: &[(&str, &str)] = &[(
     "vtism-no-split",
-    "vtism whose folio split requests are never carried out (--host-thp): the split rule's baseline",
+    "vtism whose folio split requests are never carried out (--host-pages thp): the split rule's baseline",
 )];
 
 /// A policy or a variant `build` knows.
