@@ -461,6 +461,9 @@ struct JsonOut<'a> {
     host_pages: HostPages,
     seed: u64,
     rows: &'a [Row],
+    /// Each row's accesses over the run: relative throughputs of runs with different references
+    /// (all-fast on 4 KiB host pages pays their TLB cost) can be put on one scale.
+    accesses: Vec<f64>,
     /// With `--host-pages thp`: per policy, the host folios split and collapsed again.
     #[serde(skip_serializing_if = "Option::is_none")]
     host_folios: Option<Vec<FolioCounts>>,
@@ -502,6 +505,7 @@ fn emit(
             host_pages: cfg.host_pages,
             seed: cfg.seed,
             rows,
+            accesses: results.iter().map(|r| r.accesses()).collect(),
             host_folios: (cfg.host_pages == HostPages::Thp).then(|| folio_counts(results)),
         };
         println!("{}", serde_json::to_string(&j)?);
