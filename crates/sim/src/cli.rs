@@ -3,7 +3,7 @@
 use crate::model::{MemoryModel, PRESETS};
 use crate::policies::{self, POLICIES};
 use crate::report::{self, Row};
-use crate::sim::{self, RunResult, SimConfig, World};
+use crate::sim::{self, HostPages, RunResult, SimConfig, World};
 use crate::trace::TraceWorkload;
 use crate::workload::{self, Kind, VmWorkload, SUITE, WORKLOADS};
 use clap::{Args, Subcommand};
@@ -15,7 +15,11 @@ Memory models (--model): optane, cxl, remote-numa, or a TOML file (see docs/eval
 Workloads (--workload): gups-hotset, gups-hotset-move, kv-zipf, graph, seq-window, file-cache,
 mix-hmmv4; the bake-off's (docs/bakeoff.md): bakeoff-gups, bakeoff-gups-move, bakeoff-kv; or
 --trace FILE to replay a recorded hint stream.
-Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem.
+Policies (--policy): all-fast, oracle, vtism, static, tpp, autonuma, hmmv, autotiering, memtis, hemem;
+named only: vtism-no-split (with --host-pages thp: folio split requests never carried out).
+--host-pages thp backs guest RAM with 2 MiB host folios: a move takes whole folios, a split
+block's accesses cost 43.4 ns more (TLB reach), khugepaged collapses split blocks again; use it
+with --unit 4k to give folios 4 KiB structure. --host-pages 4k: every access pays the 43.4 ns.
 The model, the peers and their assumptions: docs/evaluation.md.";
 
 #[derive(Subcommand, Debug)]
@@ -53,6 +57,12 @@ pub struct Common {
     /// Placement unit: 4k, 64k, 2m (a power of two from 4 KiB to 2 MiB).
     #[arg(long, default_value = "2m")]
     pub unit: String,
+    /// How the host backs guest RAM: `thp`, 2 MiB folios (THP `always`, all huge at the start:
+    /// a move of any frame takes the whole folio, a split block's accesses cost TLB reach,
+    /// khugepaged collapses again), or `4k` (THP `never`: every access pays that cost). Not
+    /// given: not modelled (no TLB cost, moves take what they ask for).
+    #[arg(long, value_name = "thp|4k")]
+    pub host_pages: Option<String>,
     /// Multiplies every workload footprint (0.25 = a quarter of the size).
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
@@ -113,6 +123,10 @@ pub fn sim_main(cmd: SimCommand) -> anyhow::Result<()> {
             for (n, d) in POLICIES {
                 println!("  {n:<12} {d}");
             }
+            println!("\nvariants (only when named):");
+            for (n, d) in policies::VARIANTS {
+                println!("  {n:<14} {d}");
+            }
             Ok(())
         }
         SimCommand::Run(a) => run_cmd(a),
@@ -169,6 +183,12 @@ pub fn config(c: &Common) -> anyhow::Result<SimConfig> {
     cfg.duration_s = c.duration;
     cfg.slow_per_fast = parse_ratio(&c.ratio)?;
     cfg.seed = c.seed;
+    cfg.host_pages = match c.host_pages.as_deref() {
+        None => HostPages::NotModelled,
+        Some("thp") => HostPages::Thp,
+        Some("4k") => HostPages::Base,
+        Some(other) => anyhow::bail!("--host-pages: expected thp or 4k, got {other:?}"),
+    };
     if c.sample_s.is_nan() || c.sample_s < cfg.epoch_s {
         anyhow::bail!("--sample-s: must be at least one epoch");
     }
@@ -275,12 +295,11 @@ pub fn run_one(
 fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
     let cfg = config(&a.common)?;
     let wls = workloads(&a.common, &cfg, &a.common.workload)?;
-    let names = policies::names();
-    if !names.contains(&a.policy.as_str()) {
+    if !policies::known(&a.policy) {
         anyhow::bail!(
             "--policy: unknown policy {:?}; one of: {}",
             a.policy,
-            names.join(", ")
+            policies::names().join(", ")
         );
     }
     let pb = progress_bar(&a.policy, a.common.json);
@@ -319,7 +338,7 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         policies::names().iter().map(|s| s.to_string()).collect()
     };
     for p in &pols {
-        if !policies::names().contains(&p.as_str()) {
+        if !policies::known(p) {
             anyhow::bail!(
                 "--policies: unknown policy {p:?}; one of: {}",
                 policies::names().join(", ")
@@ -439,8 +458,33 @@ struct JsonOut<'a> {
     ratio: &'a str,
     duration_s: f64,
     unit_bytes: u64,
+    host_pages: HostPages,
     seed: u64,
     rows: &'a [Row],
+    /// Each row's accesses over the run: relative throughputs of runs with different references
+    /// (all-fast on 4 KiB host pages pays their TLB cost) can be put on one scale.
+    accesses: Vec<f64>,
+    /// With `--host-pages thp`: per policy, the host folios split and collapsed again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_folios: Option<Vec<FolioCounts>>,
+}
+
+#[derive(serde::Serialize)]
+struct FolioCounts {
+    policy: String,
+    splits: u64,
+    collapses: u64,
+}
+
+fn folio_counts(results: &[RunResult]) -> Vec<FolioCounts> {
+    results
+        .iter()
+        .map(|r| FolioCounts {
+            policy: r.policy.clone(),
+            splits: r.vms.iter().map(|v| v.splits).sum(),
+            collapses: r.vms.iter().map(|v| v.collapses).sum(),
+        })
+        .collect()
 }
 
 fn emit(
@@ -458,16 +502,36 @@ fn emit(
             ratio: &c.ratio,
             duration_s: cfg.duration_s,
             unit_bytes: cfg.unit_bytes,
+            host_pages: cfg.host_pages,
             seed: cfg.seed,
             rows,
+            accesses: results.iter().map(|r| r.accesses()).collect(),
+            host_folios: (cfg.host_pages == HostPages::Thp).then(|| folio_counts(results)),
         };
         println!("{}", serde_json::to_string(&j)?);
     } else {
         println!(
-            "\n{title} on {} at fast:slow {}, {} s, seed {}\n",
-            cfg.model.name, c.ratio, cfg.duration_s, cfg.seed
+            "\n{title} on {} at fast:slow {}, {} s, seed {}{}\n",
+            cfg.model.name,
+            c.ratio,
+            cfg.duration_s,
+            cfg.seed,
+            match cfg.host_pages {
+                HostPages::NotModelled => "",
+                HostPages::Base => ", 4 KiB host pages",
+                HostPages::Thp => ", host THP",
+            }
         );
         print!("{}", report::table(rows));
+        if cfg.host_pages == HostPages::Thp {
+            println!();
+            for f in folio_counts(results) {
+                println!(
+                    "{}: {} host folios split, {} collapsed again",
+                    f.policy, f.splits, f.collapses
+                );
+            }
+        }
         if reference.vms.len() > 1 {
             print!("\nper VM:\n\n{}", report::per_vm_table(results, reference));
         }

@@ -2,6 +2,7 @@
 //! workload models. The model and its limits are documented in docs/evaluation.md.
 //!
 //! - [`model`]: memory tiers (presets and TOML), migration and tracking costs.
+//! - [`host_folios`]: the host's pages (`--host-pages`): whole-folio moves, splits, khugepaged.
 //! - [`workload`]: seeded workload generators, as per-unit access shares over time.
 //! - [`trace`]: the recorded hint-stream format and its replay.
 //! - [`mechanism`]: what each tracking mechanism sees and costs.
@@ -14,6 +15,7 @@
 
 pub mod budget;
 pub mod cli;
+pub mod host_folios;
 pub mod mechanism;
 pub mod model;
 pub mod policies;

@@ -9,6 +9,7 @@
 //! `1 - exp(-accesses per frame)`). PEBS samples are counted per unit, as HeMem and Memtis count
 //! per 2 MiB page.
 
+use crate::host_folios::HostBacking;
 use crate::model::MemoryModel;
 use crate::workload::{Profile, VmWorkload};
 use std::collections::HashMap;
@@ -57,7 +58,7 @@ impl LazyCounts {
 }
 use vtism_engine::synth::Rng;
 use vtism_engine::{FrameAccess, Nanos, Observation, Policy, VmId};
-use vtism_proto::{Gfn, PageType, FRAME_SIZE};
+use vtism_proto::{Gfn, PageType, FRAME_SIZE, HUGE_FRAMES};
 
 /// What a tracker may look at in one epoch of one VM.
 pub struct EpochView<'a> {
@@ -72,6 +73,8 @@ pub struct EpochView<'a> {
     pub model: &'a MemoryModel,
     /// The VM's fast-memory quota now (what the guest learns from the host's feedback).
     pub quota_bytes: u64,
+    /// The host's pages (`--host-pages`), for mechanisms that see them.
+    pub host: Option<&'a HostBacking>,
 }
 
 impl EpochView<'_> {
@@ -195,8 +198,15 @@ impl Tracker for HintFaultScanner {
             self.armed[u] = f64::NAN;
             let frames = fpu * touched(lf * cycle, 1);
             let wfrac = v.profile.write[u] as f64 / v.profile.share(u);
-            self.faults += frames;
-            cost += frames * v.model.tracking.hint_fault_us * 1e3;
+            // A PMD-mapped host folio takes one hint fault for its 512 frames
+            // (mm/huge_memory.c, `do_huge_pmd_numa_page`): each frame's fault is a 512th of it.
+            let faults = if v.host.is_some_and(|h| h.unit_is_huge(u)) {
+                frames / HUGE_FRAMES as f64
+            } else {
+                frames
+            };
+            self.faults += faults;
+            cost += faults * v.model.tracking.hint_fault_us * 1e3;
             let w = (frames * wfrac).round() as u32;
             events.push((
                 t.max(v.t0),

@@ -6,19 +6,23 @@
 //! at that tier's loaded latency. In an epoch of `dt` the VM has `concurrency * dt` of thread time,
 //! less what tracking and migration stole, and makes `thread time / (cpu_ns + mean latency)`
 //! accesses. Tier loads couple the VMs: latency depends on the bandwidth all VMs (and migrations)
-//! use, so each epoch solves that fixed point.
+//! use, so each epoch solves that fixed point. With the host's pages modelled (`--host-pages`,
+//! `host_folios`) an access to a block the host maps with 4 KiB pages costs `split_access_ns`
+//! more than one through a 2 MiB page.
 
+use crate::host_folios::{HostBacking, HostPagesAware, Khugepaged};
 use crate::mechanism::{EpochView, Tracker};
 use crate::model::MemoryModel;
 use crate::workload::{Profile, VmWorkload};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::Arc;
+use vtism_engine::synth::Rng;
 use vtism_engine::{
     coalesce, Move, MoveKind, Nanos, NodeId, NodeSpec, PlacementRun, PlanContext, Policy, Tier,
     Topology, VmId, VmSpec,
 };
-use vtism_proto::{Gfn, RamMap, FRAME_SIZE};
+use vtism_proto::{Gfn, RamMap, FRAME_SIZE, HUGE_FRAMES};
 
 pub const FAST: NodeId = NodeId(0);
 pub const SLOW: NodeId = NodeId(1);
@@ -40,6 +44,23 @@ pub struct SimConfig {
     pub heat_buckets: usize,
     /// vtism's engine parameters (the daemon's `[engine]`; defaults unless a test changes them).
     pub engine: vtism_engine::EngineParams,
+    /// How the host backs each VM's RAM (`--host-pages`).
+    pub host_pages: HostPages,
+}
+
+/// How the host backs guest RAM (`--host-pages`, `crate::host_folios`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPages {
+    /// Not modelled, as before the option: moves take the frames they ask for and no access
+    /// pays for TLB reach.
+    #[default]
+    NotModelled,
+    /// 4 KiB pages (THP `never`): moves take the frames they ask for, every access pays the
+    /// 4 KiB pages' TLB cost (`HostPagesModel::split_access_ns`), nothing is collapsed.
+    Base,
+    /// 2 MiB folios (THP `always`), every whole block huge at the start.
+    Thp,
 }
 
 impl SimConfig {
@@ -54,6 +75,7 @@ impl SimConfig {
             sample_s: 1.0,
             heat_buckets: 64,
             engine: vtism_engine::EngineParams::default(),
+            host_pages: HostPages::NotModelled,
         }
     }
     pub fn fpu(&self) -> u64 {
@@ -92,10 +114,16 @@ pub enum MoveMode {
     WriteProtect,
 }
 
+/// A policy as the simulator drives it: the engine's interface, and what the host's huge pages
+/// tell it and it asks of them.
+pub trait SimPolicy: Policy + HostPagesAware + Send {}
+
+impl<T: Policy + HostPagesAware + Send> SimPolicy for T {}
+
 /// A policy ready to run: the policy, one tracker per VM, how its moves execute.
 pub struct PolicyRun {
     pub name: String,
-    pub policy: Box<dyn Policy + Send>,
+    pub policy: Box<dyn SimPolicy>,
     pub trackers: Vec<Box<dyn Tracker>>,
     pub promote_mode: MoveMode,
     pub demote_mode: MoveMode,
@@ -123,6 +151,10 @@ pub struct VmResult {
     pub migration_ns: f64,
     pub migrated_bytes: u64,
     pub quota_bytes: u64,
+    /// Host folios split (asked by the policy, or by the kernel to fit a move) and collapsed
+    /// again by khugepaged (`--host-pages thp`).
+    pub splits: u64,
+    pub collapses: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -189,6 +221,8 @@ struct VmState {
     units: usize,
     /// Frames of each unit in fast memory.
     fast: Vec<u32>,
+    /// The host's pages (`--host-pages`): a huge block's units are all on one node.
+    host: Option<HostBacking>,
     fast_frames: u64,
     phase: u64,
     profile: Arc<Profile>,
@@ -332,8 +366,24 @@ pub fn run(
         } else {
             quota_units
         };
-        for &u in w.touch_order(cfg.unit_bytes).iter().take(first_fast) {
-            fast[u as usize] = fpu as u32;
+        let host = match cfg.host_pages {
+            HostPages::NotModelled => None,
+            HostPages::Base => Some(HostBacking::all_base(units, cfg.unit_bytes)),
+            HostPages::Thp => Some(HostBacking::all_huge(units, cfg.unit_bytes)),
+        };
+        match host.as_ref().filter(|_| cfg.host_pages == HostPages::Thp) {
+            None => {
+                for &u in w.touch_order(cfg.unit_bytes).iter().take(first_fast) {
+                    fast[u as usize] = fpu as u32;
+                }
+            }
+            Some(h) => first_touch_folios(
+                h,
+                &w.touch_order(cfg.unit_bytes),
+                first_fast,
+                fpu,
+                &mut fast,
+            ),
         }
         // Tell the policy, in runs.
         let units_placed = fast.iter().enumerate().map(|(u, &f)| PlacementRun {
@@ -345,6 +395,10 @@ pub fn run(
         for r in coalesce(units_placed, |_| true) {
             pr.policy.set_placement(r.vm, r.gfn, r.frames, r.node)?;
         }
+        // vtismd learns the folios at admission.
+        if let Some(h) = host.as_ref().filter(|_| cfg.host_pages == HostPages::Thp) {
+            pr.policy.host_folios_changed(spec.id, &h.heads());
+        }
         let phase = w.phase(0.0);
         vms.push(VmState {
             id: spec.id,
@@ -352,6 +406,7 @@ pub fn run(
             units,
             fast_frames: fast.iter().map(|&f| f as u64).sum(),
             fast,
+            host,
             phase,
             profile: Arc::new(w.profile(phase, cfg.unit_bytes)),
             dirty: true,
@@ -379,6 +434,14 @@ pub fn run(
     let mut mig_bytes = [0.0f64; 2];
     let mut s_migrated = 0u64;
     let mut sums = vec![[0.0f64; 4]; vms.len()];
+    // Share of each VM's accesses to blocks the host maps with 4 KiB pages (`--host-pages`).
+    let mut split_share = vec![0.0f64; vms.len()];
+    let blocks: Vec<usize> = vms
+        .iter()
+        .map(|v| v.host.as_ref().map_or(0, |h| h.blocks()))
+        .collect();
+    let start = Rng::new(cfg.seed ^ 0x6b68_7567).below(blocks.iter().sum::<usize>().max(1) as u64);
+    let mut khugepaged = Khugepaged::new(&m.host_pages, &blocks, start as usize);
     let mut n_acc = vec![0.0f64; vms.len()];
     let mut stall_now = vec![0.0f64; vms.len()];
     for e in 0..epochs {
@@ -403,6 +466,12 @@ pub fn run(
                     s[3] += w * (1.0 - f);
                 }
                 sums[k] = s;
+                split_share[k] = v.host.as_ref().map_or(0.0, |h| {
+                    (0..v.units)
+                        .filter(|&u| !h.unit_is_huge(u))
+                        .map(|u| v.profile.share(u))
+                        .sum()
+                });
                 v.dirty = false;
             }
             let thread_ns = v.wl.concurrency * dt * 1e9;
@@ -424,7 +493,11 @@ pub fn run(
             bytes[1] += 0.0;
             for (k, v) in vms.iter().enumerate() {
                 let s = sums[k];
-                let lat = s[0] * fr + s[1] * fw + s[2] * sr + s[3] * sw;
+                let lat = s[0] * fr
+                    + s[1] * fw
+                    + s[2] * sr
+                    + s[3] * sw
+                    + split_share[k] * m.host_pages.split_access_ns;
                 let thread_ns = v.wl.concurrency * dt * 1e9 - stall_now[k];
                 let n = thread_ns / (v.wl.cpu_ns + lat);
                 n_acc[k] = n;
@@ -466,10 +539,35 @@ pub fn run(
                 unit_bytes: cfg.unit_bytes,
                 model: m,
                 quota_bytes: pr.policy.fast_quota(v.id).unwrap_or(0),
+                host: v.host.as_ref(),
             };
             let c = pr.trackers[k].epoch(&view, pr.policy.as_mut())?;
             v.pending_stall += c.stall_ns;
             v.res.tracking_ns += c.stall_ns;
+        }
+        // The host's huge pages change: splits the policy asked for, khugepaged's collapses.
+        let mut host_mig = [0.0f64; 2];
+        if cfg.host_pages == HostPages::Thp {
+            let now = Nanos((t1 * 1e9).round() as u64);
+            for (vm, head) in pr.policy.take_splits(now) {
+                if let Some(v) = vms.iter_mut().find(|v| v.id == vm) {
+                    split_folio(v, head, m, pr.policy.as_mut());
+                }
+            }
+            for (k, block) in khugepaged.due(t1, &blocks) {
+                let used: u64 = vms.iter().map(|v| v.fast_frames).sum();
+                let moved = collapse_folio(
+                    &mut vms[k],
+                    block,
+                    cfg,
+                    fast_cap_frames.saturating_sub(used),
+                    n_acc[k] / dt,
+                    &mut host_mig,
+                    pr.policy.as_mut(),
+                )?;
+                vms[k].res.migrated_bytes += moved;
+                s_migrated += moved;
+            }
         }
         // Plan and execute.
         let fast_used: u64 = vms.iter().map(|v| v.fast_frames).sum();
@@ -494,7 +592,7 @@ pub fn run(
         for (k, p) in planned.iter().enumerate() {
             pr.trackers[k].moved(*p);
         }
-        mig_bytes = [0.0; 2];
+        mig_bytes = host_mig;
         let mut fast_used = fast_used;
         for (k, v) in vms.iter_mut().enumerate() {
             let moved = execute(
@@ -558,9 +656,123 @@ pub fn run(
             progress((e + 1) as f64 / epochs as f64);
         }
     }
-    out.vms = vms.into_iter().map(|v| v.res).collect();
+    out.vms = vms
+        .into_iter()
+        .map(|v| {
+            let (splits, collapses) = v.host.as_ref().map_or((0, 0), |h| (h.splits, h.collapses));
+            VmResult {
+                splits,
+                collapses,
+                ..v.res
+            }
+        })
+        .collect();
     out.wall_secs = started.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Where a move lands: the frames it takes from each unit, how many page mappings it unmaps,
+/// the units it spans, and the host folios the kernel split to make it fit.
+struct Landing {
+    need: Vec<(usize, u32)>,
+    frames: u64,
+    /// Page mappings unmapped (fractional with the host's pages not modelled: one per unit, as before).
+    mappings: f64,
+    units: std::ops::Range<usize>,
+    /// The kernel took whole folios beyond the frames asked for.
+    widened: bool,
+    split: Vec<usize>,
+}
+
+/// What the kernel moves for `mv`, or `None` when the frames are not where the move says or the
+/// target cannot take them. Without host folios: the frames asked for. With them: the whole of
+/// every huge block the move touches; when the fast node cannot take that but can take the
+/// frames asked for, the kernel splits the blocks it touches in part and moves those frames
+/// (it then moves as many of the folio's other 4 KiB pages as fit, in address order; the
+/// simulator moves only those asked for, in the policy's favour).
+fn land(v: &VmState, mv: &Move, fpu: u64, fast_cap: u64, fast_used: u64) -> Option<Landing> {
+    let u0 = (mv.gfn.0 / fpu) as usize;
+    let u1 = ((mv.gfn.0 + mv.frames).div_ceil(fpu) as usize).min(v.units);
+    if mv.from == mv.to || u0 >= u1 {
+        return None;
+    }
+    let on_from = |u: usize| {
+        if mv.from == FAST {
+            v.fast[u]
+        } else {
+            fpu as u32 - v.fast[u]
+        }
+    };
+    let mut need = Vec::with_capacity(u1 - u0);
+    for u in u0..u1 {
+        let a = mv.gfn.0.max(u as u64 * fpu);
+        let b = (mv.gfn.0 + mv.frames).min((u as u64 + 1) * fpu);
+        let k = (b - a) as u32;
+        if on_from(u) < k {
+            return None;
+        }
+        need.push((u, k));
+    }
+    let asked: u64 = need.iter().map(|&(_, k)| u64::from(k)).sum();
+    let fits = |frames: u64| mv.to != FAST || fast_used + frames <= fast_cap;
+    let Some(h) = &v.host else {
+        return fits(asked).then(|| Landing {
+            need,
+            frames: asked,
+            mappings: asked as f64 / fpu as f64,
+            units: u0..u1,
+            widened: false,
+            split: Vec::new(),
+        });
+    };
+    let (w0, w1) = h.widen(u0, u1);
+    let asked_in = |u: usize| if u >= u0 && u < u1 { need[u - u0].1 } else { 0 };
+    // A huge block is wholly on one node: asked frames of it on `from` mean all of it is.
+    let whole: Vec<(usize, u32)> = (w0..w1)
+        .map(|u| {
+            let k = if h.unit_is_huge(u) {
+                debug_assert!(on_from(u) == fpu as u32, "a huge block on two nodes");
+                fpu as u32
+            } else {
+                asked_in(u)
+            };
+            (u, k)
+        })
+        .collect();
+    let took: u64 = whole.iter().map(|&(_, k)| u64::from(k)).sum();
+    if fits(took) {
+        let mappings = h.mappings(w0, w1, |u| u64::from(whole[u - w0].1)) as f64;
+        return Some(Landing {
+            need: whole,
+            frames: took,
+            mappings,
+            units: w0..w1,
+            widened: took > asked,
+            split: Vec::new(),
+        });
+    }
+    if took == asked || !fits(asked) {
+        return None;
+    }
+    // ENOMEM for a folio: the kernel splits the blocks asked for in part.
+    let mut split: Vec<usize> = [h.block_of(u0), h.block_of(u1 - 1)]
+        .into_iter()
+        .filter(|&b| h.is_huge(b) && h.units_of(b).any(|u| asked_in(u) < fpu as u32))
+        .collect();
+    split.dedup();
+    let mut after = h.clone();
+    for &b in &split {
+        after.split(b);
+    }
+    let mappings = after.mappings(u0, u1, |u| u64::from(need[u - u0].1)) as f64;
+    Some(Landing {
+        need,
+        frames: asked,
+        mappings,
+        units: u0..u1,
+        widened: false,
+        split,
+    })
 }
 
 /// Executes queued moves of one VM within one epoch of mover time; charges their stalls.
@@ -579,41 +791,28 @@ fn execute(
     let mut moved = 0u64;
     let conc = v.wl.concurrency;
     let vcpus = v.wl.vcpus as f64;
+    let unit = cfg.unit_bytes as f64;
     while let Some(mv) = v.queue.front().copied() {
-        let bytes = mv.bytes() as f64;
-        let secs = m.migration_secs(bytes, cfg.unit_bytes as f64, pr.mover_speedup);
+        let landing = land(v, &mv, fpu, fast_cap, *fast_used);
+        let bytes = landing
+            .as_ref()
+            .map_or(mv.bytes(), |l| l.frames * FRAME_SIZE) as f64;
+        let secs = match (&v.host, &landing) {
+            (Some(_), Some(l)) => {
+                bytes / (m.migration.copy_gbps * 1e9 * pr.mover_speedup)
+                    + l.mappings * m.unmap_secs(unit)
+            }
+            _ => m.migration_secs(bytes, unit, pr.mover_speedup),
+        };
         if secs > budget && budget < cfg.epoch_s {
             break;
         }
         v.queue.pop_front();
         let to_fast = mv.to == FAST;
-        // Check it against the truth, unit by unit.
-        let u0 = (mv.gfn.0 / fpu) as usize;
-        let u1 = ((mv.gfn.0 + mv.frames).div_ceil(fpu) as usize).min(v.units);
-        let mut ok = mv.from != mv.to && u0 < u1;
-        let mut need = vec![];
-        if ok {
-            for u in u0..u1 {
-                let a = mv.gfn.0.max(u as u64 * fpu);
-                let b = (mv.gfn.0 + mv.frames).min((u as u64 + 1) * fpu);
-                let k = (b - a) as u32;
-                let avail = if mv.from == FAST {
-                    v.fast[u]
-                } else {
-                    fpu as u32 - v.fast[u]
-                };
-                if avail < k {
-                    ok = false;
-                    break;
-                }
-                need.push((u, k));
-            }
-        }
-        if ok && to_fast && *fast_used + mv.frames > fast_cap {
-            ok = false;
-        }
-        if !ok {
+        let Some(l) = landing else {
             // Tell the policy where the frames really are.
+            let u0 = (mv.gfn.0 / fpu) as usize;
+            let u1 = ((mv.gfn.0 + mv.frames).div_ceil(fpu) as usize).min(v.units);
             for u in u0..u1.max(u0) {
                 if u >= v.units {
                     break;
@@ -627,10 +826,15 @@ fn execute(
                     .set_placement(v.id, Gfn(u as u64 * fpu), fpu, Some(node))?;
             }
             continue;
-        }
+        };
         budget -= secs;
         v.dirty = true;
-        for (u, k) in need {
+        if let Some(h) = &mut v.host {
+            for &b in &l.split {
+                h.split(b);
+            }
+        }
+        for &(u, k) in &l.need {
             if to_fast {
                 v.fast[u] += k;
             } else {
@@ -638,19 +842,24 @@ fn execute(
             }
         }
         if to_fast {
-            *fast_used += mv.frames;
-            v.fast_frames += mv.frames;
+            *fast_used += l.frames;
+            v.fast_frames += l.frames;
         } else {
-            *fast_used -= mv.frames;
-            v.fast_frames -= mv.frames;
+            *fast_used -= l.frames;
+            v.fast_frames -= l.frames;
         }
-        moved += mv.bytes();
-        if to_fast {
-            mig_bytes[1] += bytes;
-            mig_bytes[0] += bytes;
-        } else {
-            mig_bytes[0] += bytes;
-            mig_bytes[1] += bytes;
+        moved += l.frames * FRAME_SIZE;
+        mig_bytes[0] += bytes;
+        mig_bytes[1] += bytes;
+        // The kernel moved whole folios or split some: the policy is told what it did.
+        if l.widened {
+            let (a, b) = (l.units.start as u64 * fpu, l.units.end as u64 * fpu);
+            pr.policy.set_placement(v.id, Gfn(a), b - a, Some(mv.to))?;
+        }
+        if !l.split.is_empty() {
+            if let Some(h) = &v.host {
+                pr.policy.host_folios_changed(v.id, &h.heads());
+            }
         }
         // Stall.
         let mode = if mv.kind == MoveKind::Promote {
@@ -659,10 +868,15 @@ fn execute(
             pr.demote_mode
         };
         let copy = bytes / (m.migration.copy_gbps * 1e9 * pr.mover_speedup);
-        let pages = (bytes / cfg.unit_bytes as f64).max(1.0);
-        let unmap = vcpus * pages * m.unmap_secs(cfg.unit_bytes as f64);
-        let share: f64 = (u0..u1).map(|u| v.profile.share(u)).sum();
-        let wshare: f64 = (u0..u1).map(|u| v.profile.write[u] as f64).sum();
+        let pages = if v.host.is_some() {
+            l.mappings
+        } else {
+            bytes / unit
+        }
+        .max(1.0);
+        let unmap = vcpus * pages * m.unmap_secs(unit);
+        let share: f64 = l.units.clone().map(|u| v.profile.share(u)).sum();
+        let wshare: f64 = l.units.clone().map(|u| v.profile.write[u] as f64).sum();
         let waiters = |r: f64| (r * copy).min(conc);
         let stall = match mode {
             MoveMode::Unmap => unmap + waiters(rate * share) * copy / 2.0,
@@ -676,10 +890,115 @@ fn execute(
     Ok(moved)
 }
 
+/// First touch with host folios: a block is allocated whole, on the fast node while it has room
+/// for 2 MiB, on the slow node after that (a THP fault allocates on one node); its place is
+/// decided by its first unit in touch order.
+fn first_touch_folios(
+    h: &HostBacking,
+    order: &[u32],
+    fast_units: usize,
+    fpu: u64,
+    fast: &mut [u32],
+) {
+    let mut room = fast_units;
+    let mut decided = vec![None; h.blocks()];
+    for &u in order {
+        let b = h.block_of(u as usize);
+        let on_fast = *decided[b].get_or_insert_with(|| {
+            let n = h.units_of(b).len();
+            let fits = n <= room;
+            if fits {
+                room -= n;
+            }
+            fits
+        });
+        if on_fast {
+            fast[u as usize] = fpu as u32;
+        }
+    }
+}
+
+/// Splits the host folio headed by `head` as its policy asked: it stays where it is, mapped with
+/// 4 KiB pages. The PMD is replaced by a page table: one TLB shootdown on every vCPU, charged
+/// at the migration model's per-mapping cost. The policy learns the new backing.
+fn split_folio(v: &mut VmState, head: Gfn, m: &MemoryModel, policy: &mut dyn SimPolicy) {
+    let Some(h) = &mut v.host else {
+        return;
+    };
+    let Some(b) = h.block_of_head(head) else {
+        return;
+    };
+    if !h.split(b) {
+        return;
+    }
+    v.dirty = true;
+    let stall = v.wl.vcpus as f64 * m.migration.per_page_us * 1e3;
+    v.pending_stall += stall;
+    v.res.migration_ns += stall;
+    policy.host_folios_changed(v.id, &h.heads());
+}
+
+/// khugepaged's look at one block of a VM (`HostBacking::try_collapse`). A collapse copies all
+/// 512 pages into the new huge page with the range unmapped: the VM's accesses to it wait as for
+/// a background move of 2 MiB. The policy is told where the block is now and the new backing.
+/// Returns the bytes that crossed tiers.
+fn collapse_folio(
+    v: &mut VmState,
+    block: usize,
+    cfg: &SimConfig,
+    fast_free_frames: u64,
+    rate: f64,
+    mig_bytes: &mut [f64; 2],
+    policy: &mut dyn SimPolicy,
+) -> anyhow::Result<u64> {
+    let fpu = cfg.fpu();
+    let m = &cfg.model;
+    let Some(h) = &mut v.host else {
+        return Ok(0);
+    };
+    let units = h.units_of(block);
+    // khugepaged needs a young page in the range (`SCAN_LACK_REFERENCED_PAGE` otherwise).
+    let referenced = units.clone().any(|u| v.profile.share(u) > 0.0);
+    let free = |n: NodeId| {
+        if n == FAST {
+            fast_free_frames
+        } else {
+            u64::MAX
+        }
+    };
+    let Some(c) = h.try_collapse(block, &mut v.fast, fpu, referenced, free) else {
+        return Ok(0);
+    };
+    let heads = h.heads();
+    v.dirty = true;
+    if c.to == FAST {
+        v.fast_frames += c.from_slow;
+    } else {
+        v.fast_frames -= c.from_fast;
+    }
+    // Traffic: the 512 pages read where they were, the new huge page written on its node.
+    let block_bytes = (HUGE_FRAMES * FRAME_SIZE) as f64;
+    mig_bytes[0] += (c.from_fast * FRAME_SIZE) as f64;
+    mig_bytes[1] += (c.from_slow * FRAME_SIZE) as f64;
+    mig_bytes[if c.to == FAST { 0 } else { 1 }] += block_bytes;
+    let copy = block_bytes / (m.migration.copy_gbps * 1e9);
+    let share: f64 = units.clone().map(|u| v.profile.share(u)).sum();
+    let unmap = v.wl.vcpus as f64 * m.unmap_secs(block_bytes);
+    let stall = unmap + (rate * share * copy).min(v.wl.concurrency) * copy / 2.0;
+    v.pending_stall += stall * 1e9;
+    v.res.migration_ns += stall * 1e9;
+    let head = Gfn(units.start as u64 * fpu);
+    policy.set_placement(v.id, head, units.len() as u64 * fpu, Some(c.to))?;
+    policy.host_folios_changed(v.id, &heads);
+    Ok(c.moved_frames() * FRAME_SIZE)
+}
+
 /// A policy that never moves anything (static first-touch, and all-fast).
 pub struct Static {
     pub name: &'static str,
 }
+
+impl HostPagesAware for Static {}
 
 impl Policy for Static {
     fn name(&self) -> &str {

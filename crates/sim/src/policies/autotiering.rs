@@ -55,6 +55,9 @@ fn lap_key(hist: u8, t: PageType) -> (u32, bool) {
     (hist.count_ones(), t != PageType::File)
 }
 
+/// AutoTiering promotes and demotes what faults; the kernel moves whole folios under it.
+impl crate::host_folios::HostPagesAware for AutoTiering {}
+
 impl Policy for AutoTiering {
     fn name(&self) -> &str {
         "autotiering"

@@ -10,13 +10,38 @@
 //! Pool limits follow HMM-V's co-run (section 5.9): a guaranteed 75% and at most 125% of the
 //! VM's initial quota, shares equal to the initial quota. Island mode (the `vtism` row) keeps
 //! the initial quotas.
+//!
+//! Host folios (`--host-pages thp`) as vtismd handles them (docs/host.md, "Host huge pages"): the
+//! backing is read at admission and re-read every `discovery.refresh_interval_ms`; the engine's
+//! split requests are carried out just before a re-read, so the engine sees its splits at once
+//! and khugepaged's collapses at the next re-read.
 
+use crate::host_folios::HostPagesAware;
+use std::collections::{BTreeMap, BTreeSet};
 use vtism_engine::{
     EngineError, FastPool, IngestStats, MoveLimits, Nanos, NodeId, Observation, PlacementRun, Plan,
-    PlanContext, Policy, PoolMode, PoolParams, QuotaChange, RoundError, RoundLimits, Tiering, VmId,
-    VmLimits, VmSpec, VtismPolicy,
+    PlanContext, Policy, PoolMode, PoolParams, QuotaChange, RoundError, RoundLimits, SplitRequest,
+    Tiering, VmId, VmLimits, VmSpec, VtismPolicy,
 };
 use vtism_proto::Gfn;
+
+/// vtismd's `discovery.refresh_interval_ms` default (crates/host/src/config.rs): how often it
+/// re-reads a VM's memory map and backing.
+const BACKING_REREAD: Nanos = Nanos(10_000_000_000);
+
+/// What vtismd knows of each VM's host folios, and the splits it has yet to carry out.
+#[derive(Default)]
+struct BackingReads {
+    next: Nanos,
+    /// Read at admission.
+    read: BTreeSet<VmId>,
+    /// The backing the host has now, per VM, not read yet.
+    unread: BTreeMap<VmId, Vec<Gfn>>,
+    /// The engine's split requests, waiting for the next re-read.
+    asked: Vec<SplitRequest>,
+    /// Requests are dropped instead (`vtism-no-split`, for the comparison only).
+    never_split: bool,
+}
 
 pub struct DaemonRound {
     name: &'static str,
@@ -24,6 +49,7 @@ pub struct DaemonRound {
     cadence: RoundLimits,
     limits: MoveLimits,
     next_round: Nanos,
+    backing: BackingReads,
     /// Every quota change, in order (for reports and tests).
     pub changes: Vec<QuotaChange>,
 }
@@ -49,8 +75,21 @@ impl DaemonRound {
             limits: MoveLimits::new(cadence.promote_mbps, cadence.demote_mbps, Nanos(0)),
             next_round: Nanos(0),
             cadence,
+            backing: BackingReads::default(),
             changes: Vec::new(),
         })
+    }
+
+    /// The engine's split requests are never carried out: host folios stay whole (a comparison
+    /// of the split rule, not a vtismd setting).
+    pub fn never_split(mut self) -> Self {
+        self.backing.never_split = true;
+        self
+    }
+
+    /// A re-read of every VM's backing is due at `now`.
+    fn reread_due(&self, now: Nanos) -> bool {
+        now >= self.backing.next
     }
 
     /// HMM-V's limits around an initial quota.
@@ -151,6 +190,12 @@ impl Policy for DaemonRound {
     }
 
     fn plan(&mut self, ctx: &PlanContext<'_>, now: Nanos) -> Plan {
+        if self.reread_due(now) {
+            self.backing.next = Nanos(now.0 + BACKING_REREAD.0);
+            for (vm, heads) in std::mem::take(&mut self.backing.unread) {
+                let _ = self.tiering.set_host_folios(vm, heads);
+            }
+        }
         if now < self.next_round {
             return Plan::default();
         }
@@ -169,6 +214,9 @@ impl Policy for DaemonRound {
             self.limits.take(m.vm, m.kind.direction(), m.bytes(), now);
         }
         self.changes.extend(out.quota_changes);
+        if !self.backing.never_split {
+            self.backing.asked.extend(out.splits);
+        }
         out.plan
     }
 
@@ -177,14 +225,106 @@ impl Policy for DaemonRound {
     }
 }
 
+impl HostPagesAware for DaemonRound {
+    /// Read at once at admission, else at the next re-read.
+    fn host_folios_changed(&mut self, vm: VmId, heads: &[Gfn]) {
+        if self.backing.read.insert(vm) {
+            let _ = self.tiering.set_host_folios(vm, heads.iter().copied());
+        } else {
+            self.backing.unread.insert(vm, heads.to_vec());
+        }
+    }
+
+    /// The requests held since the last re-read, when one is due.
+    fn take_splits(&mut self, now: Nanos) -> Vec<(VmId, Gfn)> {
+        if !self.reread_due(now) {
+            return Vec::new();
+        }
+        std::mem::take(&mut self.backing.asked)
+            .into_iter()
+            .map(|r| (r.vm, r.head))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use vtism_engine::{NodeSpec, Tier, Topology};
-    use vtism_proto::{CountMeaning, GfnRange, HintEntry, PageType, RamMap};
+    use vtism_proto::{CountMeaning, GfnRange, HintEntry, PageType, RamMap, HUGE_FRAMES};
 
     const FAST: NodeId = NodeId(0);
     const SLOW: NodeId = NodeId(1);
+
+    /// Host folios as vtismd handles them: eight folios with 48 hot frames each against a quota
+    /// of three folios (the engine's own test of the rule). The engine asks to split them at
+    /// its first rounds; vtismd carries the requests out at its next re-read of the backing,
+    /// 10 s after the first, and the engine then places the split blocks' frames alone. The
+    /// comparison's `never_split` drops the requests.
+    #[test]
+    fn split_requests_are_carried_out_at_the_next_backing_read() {
+        let h = HUGE_FRAMES;
+        for never in [false, true] {
+            let topo = Topology::new(
+                vec![node(FAST, 0, vec![0]), node(SLOW, 1, vec![])],
+                Some(vec![vec![10, 20], vec![20, 10]]),
+            )
+            .unwrap();
+            let engine = VtismPolicy::new(topo, Default::default()).unwrap();
+            let quota = 3 * h * vtism_proto::FRAME_SIZE;
+            let mut r = DaemonRound::new(
+                "vtism",
+                engine,
+                PoolMode::Island,
+                quota,
+                RoundLimits::DEFAULT,
+            )
+            .unwrap();
+            if never {
+                r = r.never_split();
+            }
+            let vm = VmId(1);
+            r.add_vm(VmSpec {
+                id: vm,
+                ram: RamMap::contiguous(8 * h),
+                fast_quota_bytes: quota,
+                home_node: Some(FAST),
+            })
+            .unwrap();
+            r.set_placement(vm, Gfn(0), 8 * h, Some(SLOW)).unwrap();
+            let mut huge: Vec<Gfn> = (0..8).map(|b| Gfn(b * h)).collect();
+            r.host_folios_changed(vm, &huge);
+            let hints: Vec<HintEntry> = (0..8)
+                .flat_map(|b| (0..48).map(move |k| b * h + k * 7))
+                .map(|g| HintEntry::new(Gfn(g), 200, false, PageType::Anon, false, true))
+                .collect();
+            let mut split_at = Vec::new();
+            for epoch in 0..250u64 {
+                let now = Nanos::from_millis(epoch * 100);
+                let obs = Observation::Hints {
+                    entries: &hints,
+                    overflow: false,
+                    counts: CountMeaning::RateLevel,
+                };
+                r.observe(vm, obs, now).unwrap();
+                let asked = r.take_splits(now);
+                if !asked.is_empty() {
+                    split_at.push((epoch, asked.len()));
+                    huge.retain(|g| !asked.iter().any(|&(_, head)| head == *g));
+                    r.host_folios_changed(vm, &huge);
+                }
+                r.plan(&PlanContext::default(), now);
+            }
+            if never {
+                assert!(split_at.is_empty(), "{split_at:?}");
+            } else {
+                assert_eq!(split_at, vec![(100, 8)], "all eight at the re-read at 10 s");
+                assert!(huge.is_empty());
+                let s = r.tiering.engine().summary(vm).unwrap();
+                assert_eq!(s.host_folios, 0, "the engine read the splits");
+            }
+        }
+    }
 
     fn node(id: NodeId, tier: u8, cpus: Vec<u32>) -> NodeSpec {
         NodeSpec {

@@ -51,6 +51,9 @@ impl HeMem {
     }
 }
 
+/// HeMem places the pages it sees; with host THP the kernel moves whole folios under it.
+impl crate::host_folios::HostPagesAware for HeMem {}
+
 impl Policy for HeMem {
     fn name(&self) -> &str {
         "hemem"

@@ -78,6 +78,10 @@ impl HmmV {
     }
 }
 
+/// HMM-V's published design (regular pages; its THP extension manages guest huge pages) does not
+/// split host folios: its moves take whole folios, as the kernel moves them.
+impl crate::host_folios::HostPagesAware for HmmV {}
+
 impl Policy for HmmV {
     fn name(&self) -> &str {
         "hmmv"

@@ -8,6 +8,7 @@ mod daemon_round;
 mod hemem;
 mod hmmv;
 mod memtis;
+mod memtis_split;
 mod oracle;
 mod tpp;
 
@@ -83,6 +84,17 @@ pub fn names() -> Vec<&'static str> {
     POLICIES.iter().map(|p| p.0).collect()
 }
 
+/// Variants run only when named, for one comparison each: never rows of the default suite.
+pub const VARIANTS: &[(&str, &str)] = &[(
+    "vtism-no-split",
+    "vtism whose folio split requests are never carried out (--host-pages thp): the split rule's baseline",
+)];
+
+/// A policy or a variant `build` knows.
+pub fn known(name: &str) -> bool {
+    POLICIES.iter().chain(VARIANTS).any(|p| p.0 == name)
+}
+
 /// Policies that only differ from `vtism` when several VMs share fast memory.
 pub const MULTI_VM_ONLY: &[&str] = &["vtism-island", "vtism-pool"];
 
@@ -94,7 +106,7 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         (0..setup.specs.len()).map(f).collect()
     };
     let run = |name: &str,
-               policy: Box<dyn vtism_engine::Policy + Send>,
+               policy: Box<dyn crate::sim::SimPolicy>,
                trackers: Vec<Box<dyn Tracker>>,
                pm: MoveMode,
                dm: MoveMode| PolicyRun {
@@ -140,14 +152,19 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         }
         // vtismd's round at its cadence and limits: every VM at its own quota (island mode),
         // or quotas following hot sets (pool mode).
-        "vtism" | "vtism-island" | "vtism-pool" => {
+        "vtism" | "vtism-island" | "vtism-pool" | "vtism-no-split" => {
             let fast: u64 = setup.specs.iter().map(|s| s.fast_quota_bytes).sum();
             let (label, mode) = match name {
                 "vtism" => ("vtism", vtism_engine::PoolMode::Island),
                 "vtism-pool" => ("vtism-pool", vtism_engine::PoolMode::Pool),
+                "vtism-no-split" => ("vtism-no-split", vtism_engine::PoolMode::Island),
                 _ => ("vtism-island", vtism_engine::PoolMode::Island),
             };
-            let round = DaemonRound::new(label, vtism_engine()?, mode, fast, RoundLimits::DEFAULT)?;
+            let mut round =
+                DaemonRound::new(label, vtism_engine()?, mode, fast, RoundLimits::DEFAULT)?;
+            if name == "vtism-no-split" {
+                round = round.never_split();
+            }
             run(name, Box::new(round), per_vm(&guest_scanner), Unmap, Unmap)
         }
         "oracle" => run(
@@ -192,7 +209,11 @@ pub fn build(name: &str, setup: &Setup<'_>) -> anyhow::Result<PolicyRun> {
         }
         "memtis" => run(
             name,
-            Box::new(Memtis::new(fpu)),
+            Box::new(Memtis::new(
+                fpu,
+                cfg.model.fast.read_ns,
+                cfg.model.slow.read_ns,
+            )),
             per_vm(&|i| {
                 Box::new(PebsSampler::new(
                     199.0,
@@ -283,6 +304,15 @@ impl VmBook {
             }
         }
         Ok(())
+    }
+    /// A move of units `u..u + n`, all on one tier, to the other; updates the book.
+    pub fn mv_units(&mut self, u: usize, n: usize, kind: MoveKind, phase: Phase) -> Move {
+        let mut m = self.mv(u, kind, phase);
+        for x in u + 1..u + n {
+            self.mv(x, kind, phase);
+        }
+        m.frames = n as u64 * self.fpu;
+        m
     }
     /// A move of unit `u` to the other tier; updates the book.
     pub fn mv(&mut self, u: usize, kind: MoveKind, phase: Phase) -> Move {

@@ -71,6 +71,9 @@ impl Oracle {
     }
 }
 
+/// The oracle does not split host folios; its moves take whole folios.
+impl crate::host_folios::HostPagesAware for Oracle {}
+
 impl Policy for Oracle {
     fn name(&self) -> &str {
         "oracle"

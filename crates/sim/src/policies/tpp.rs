@@ -76,6 +76,10 @@ impl Tpp {
     }
 }
 
+/// NUMA balancing on a PMD-mapped THP faults and migrates the whole folio (the simulator's
+/// moves do that); it never splits one to place its pages apart.
+impl crate::host_folios::HostPagesAware for Tpp {}
+
 impl Policy for Tpp {
     fn name(&self) -> &str {
         match self.mode {

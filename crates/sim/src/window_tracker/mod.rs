@@ -965,6 +965,7 @@ mod tests {
                 unit_bytes: 2 << 20,
                 model: &model,
                 quota_bytes: quota * (2 << 20),
+                host: None,
             };
             tracker.epoch(&v, &mut rounds).unwrap();
             t += 0.1;
