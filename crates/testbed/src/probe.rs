@@ -414,7 +414,6 @@ fn published_levels(
     })
 }
 
-/// What vtismd's last plan held back from DRAM, when it held anything.
 /// The workload reports its clock once a second (TBTPUT); silent this long, it has stopped.
 const WORKLOAD_SILENT_S: f64 = 120.0;
 
@@ -426,6 +425,7 @@ fn overdue(workload_ms: Option<u64>, due_s: u64) -> bool {
     workload_ms.is_some_and(|ms| ms >= (due_s + 60) * 1000)
 }
 
+/// What vtismd's last plan held back from DRAM, when it held anything.
 fn left_out_note(l: Option<&vtism_host::metrics::LeftOut>) -> String {
     let parts: Vec<String> = l
         .map(|l| l.by_reason())
