@@ -6,7 +6,7 @@ mod ingest;
 
 use frame_table::FrameTable;
 
-use crate::folio::{fold_into_folios, HostFolios, SparseFolio};
+use crate::folio::{fold_into_folios, FoldScratch, HostFolios, SparseFolio};
 use crate::hotness::{
     key_level, key_of, FrameState, Key, Tables, COLD_SLOT, KEY_BUCKETS, NODE_UNKNOWN, RING,
 };
@@ -378,7 +378,7 @@ pub struct VtismPolicy {
     ingest_scratch: ingest::IngestScratch,
     /// A round's entries with those in host folios folded (`folio::fold_into_folios`).
     folded: Vec<HintEntry>,
-    fold_scratch: Vec<u64>,
+    fold_scratch: FoldScratch,
     sparse: Vec<SparseFolio>,
     /// Folios the engine asks the driver to split (`take_split_requests`).
     split_requests: Vec<SplitRequest>,
@@ -422,7 +422,7 @@ impl VtismPolicy {
             hist_slow: vec![0; KEY_BUCKETS],
             ingest_scratch: Default::default(),
             folded: Vec::new(),
-            fold_scratch: Vec::new(),
+            fold_scratch: FoldScratch::default(),
             sparse: Vec::new(),
             split_requests: Vec::new(),
         })
@@ -657,8 +657,8 @@ impl VtismPolicy {
         frames
             + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
             + self.ingest_scratch.memory_bytes()
-            + self.folded.capacity() * 8
-            + self.fold_scratch.capacity() * 8
+            + self.folded.capacity() * std::mem::size_of::<HintEntry>()
+            + self.fold_scratch.memory_bytes()
     }
 
     /// The host maps the 2 MiB blocks headed by `heads` with one huge page each (and no others):
@@ -1386,7 +1386,7 @@ impl Policy for VtismPolicy {
         if v.host_folios.is_empty() {
             return Ok(v.ingest(tables, counts, entries, scratch));
         }
-        let (folded, inside) = (&mut self.folded, &mut self.fold_scratch);
+        let (folded, folds) = (&mut self.folded, &mut self.fold_scratch);
         let hot_count = Some(tables.hot_count(counts));
         let sparse = &mut self.sparse;
         fold_into_folios(
@@ -1394,7 +1394,7 @@ impl Policy for VtismPolicy {
             &v.host_folios,
             counts,
             hot_count,
-            inside,
+            folds,
             folded,
             sparse,
         );
