@@ -85,8 +85,8 @@ struct VmState {
     dirty: bool,
     last_observed: Option<Nanos>,
     last_stats: VmPlanStats,
-    /// The 2 MiB units hinted in the round being ingested (`ingest::UnitHint`).
-    unit_hints: HashMap<usize, ingest::UnitHint>,
+    /// The 2 MiB units hinted in the round being ingested (`ingest::UnitHint`), by head index.
+    unit_hints: HashMap<u32, ingest::UnitHint>,
     /// Entries each bucket has room for in the next large round (`buckets::Buckets::sort`).
     bucket_room: Vec<u32>,
     /// The last large round's entries came in long runs of one bucket, or there was none yet
@@ -651,6 +651,8 @@ impl VtismPolicy {
                     + (v.held.capacity() + v.pinned.capacity()) * 16
                     + v.split_asks.memory_bytes()
                     + v.recent.memory_bytes()
+                    + hash_map_bytes(&v.unit_hints)
+                    + std::mem::size_of_val(&*v.rate_frames)
                     + std::mem::size_of::<VmState>()
             })
             .sum();
@@ -659,6 +661,8 @@ impl VtismPolicy {
             + self.ingest_scratch.memory_bytes()
             + self.folded.capacity() * std::mem::size_of::<HintEntry>()
             + self.fold_scratch.memory_bytes()
+            + self.sparse.capacity() * std::mem::size_of::<SparseFolio>()
+            + self.split_requests.capacity() * std::mem::size_of::<SplitRequest>()
     }
 
     /// The host maps the 2 MiB blocks headed by `heads` with one huge page each (and no others):
@@ -1164,6 +1168,17 @@ impl NodeFree {
     fn give_later(&mut self, n: NodeId, f: i64) {
         self.later[n.0 as usize] += f;
     }
+}
+
+/// Heap bytes a hash map holds, about: its table of entries and a control byte per slot, as
+/// hashbrown lays it out (a power of two of slots, at most 7/8 full).
+fn hash_map_bytes<K, V>(map: &HashMap<K, V>) -> usize {
+    let slots = match map.capacity() {
+        0 => return 0,
+        c if c < 8 => (c + 1).next_power_of_two(),
+        c => (c * 8 / 7).next_power_of_two(),
+    };
+    slots * (std::mem::size_of::<(K, V)>() + 1) + 16
 }
 
 /// The dense frame indices of `g`'s RAM, one range per RAM range it meets.

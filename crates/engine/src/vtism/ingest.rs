@@ -146,13 +146,14 @@ struct Cursor {
 /// every frame of the unit, and what later duplicates still owe. Duplicates merge as a maximum
 /// and an OR, so a duplicate that adds nothing is skipped and the others are merged once when
 /// the round is in: a guest repeating one unit a million times costs one entry each, not 512
-/// frame updates each (docs/host.md, "Threat model").
+/// frame updates each (docs/host.md, "Threat model"). Degrees are below 32: a byte each, as a
+/// round can hint every unit of the VM.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct UnitHint {
     /// Largest degree and write merged into every frame of the unit.
-    applied: (u32, bool),
+    applied: (u8, bool),
     /// Largest degree and write of the duplicates not merged yet.
-    owed: (u32, bool),
+    owed: (u8, bool),
     /// An entry of the unit had a known page type, so every frame's type is known.
     typed: bool,
 }
@@ -883,11 +884,11 @@ impl VmState {
                 st.ignored += 1;
                 return;
             }
-            let deg = rh.tables().degree(self.counts, e.count(), e.write());
+            let deg = rh.tables().degree(self.counts, e.count(), e.write()) as u8;
             let typed = e.page_type() != PageType::Unknown;
             let hs = self.frames.get(idx);
             let hinted = hs.huge_head() && hs.seen() && hs.stamp() == self.round as u8;
-            if let Some(u) = self.unit_hints.get_mut(&idx).filter(|_| hinted) {
+            if let Some(u) = self.unit_hints.get_mut(&(idx as u32)).filter(|_| hinted) {
                 st.duplicate_units += 1;
                 if !typed || u.typed {
                     u.owed = (u.owed.0.max(deg), u.owed.1 | e.write());
@@ -906,7 +907,7 @@ impl VmState {
             self.hint_unit::<RATE>(rh, classes, idx..idx + HUGE_FRAMES as usize, w, delta);
             let applied = (deg, e.write());
             self.unit_hints.insert(
-                idx,
+                idx as u32,
                 UnitHint {
                     applied,
                     owed: (0, false),
@@ -1009,7 +1010,8 @@ impl VmState {
                 continue;
             }
             st.unit_passes += 1;
-            let unit = head..head + HUGE_FRAMES as usize;
+            let unit = head as usize..head as usize + HUGE_FRAMES as usize;
+            let deg = u32::from(deg);
             self.merge_frames(t, unit, delta, |s| t.merge_degree(s, counts, deg, write));
         }
         // Kept for its allocation.
