@@ -181,6 +181,27 @@ impl FrameTable {
         }
     }
 
+    /// The frames of `range` as a slice, if they are stored one by one and together: the
+    /// whole table kept as one array, or one chunk with a state per frame.
+    pub(super) fn slice_mut(&mut self, range: Range<usize>) -> Option<&mut [FrameState]> {
+        if range.end > self.len {
+            return None;
+        }
+        match &mut self.store {
+            Store::Flat(f) => f.get_mut(range),
+            Store::Chunked { chunks, .. } => {
+                let c = range.start / CHUNK;
+                let base = c * CHUNK;
+                match chunks.get_mut(c)? {
+                    Chunk::Dense(f) if range.end <= base + CHUNK => {
+                        f.get_mut(range.start - base..range.end - base)
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+
     #[inline]
     pub(super) fn get(&self, i: usize) -> FrameState {
         debug_assert!(i < self.len, "frame {i} of {}", self.len);
@@ -196,15 +217,10 @@ impl FrameTable {
     /// Frame `i` to write, its chunk given a state per frame; `None` past the last frame.
     #[inline]
     pub(super) fn get_mut(&mut self, i: usize) -> Option<&mut FrameState> {
-        if i >= self.len {
-            return None;
+        match &mut self.store {
+            Store::Flat(f) => f.get_mut(i),
+            Store::Chunked { chunks, dense } => chunked_get_mut(chunks, dense, self.len, i),
         }
-        Some(match &mut self.store {
-            Store::Flat(f) => &mut f[i],
-            Store::Chunked { chunks, dense } => {
-                &mut dense_chunk(chunks, dense, i / CHUNK)[i % CHUNK]
-            }
-        })
     }
 
     /// Sets frame `i`, keeping its chunk uniform where the state does not change or the frame
@@ -432,6 +448,18 @@ impl FrameTable {
     }
 }
 
+/// `FrameTable::get_mut` of a table of `len` frames kept per chunk (out of line: a flat table's
+/// is one bounds check).
+#[inline(never)]
+fn chunked_get_mut<'a>(
+    chunks: &'a mut [Chunk],
+    dense: &mut usize,
+    len: usize,
+    i: usize,
+) -> Option<&'a mut FrameState> {
+    (i < len).then(|| &mut dense_chunk(chunks, dense, i / CHUNK)[i % CHUNK])
+}
+
 /// Chunk `c` of `chunks`, given a state per frame if it had none (`dense` counts those).
 fn dense_chunk<'a>(
     chunks: &'a mut [Chunk],
@@ -615,10 +643,15 @@ mod tests {
                     2 => {
                         let add = rng.below(3) as u32;
                         let mut seen = 0;
-                        m.table.update(a..b, |s, n| {
-                            seen += n as usize;
-                            FrameState(s.0.wrapping_add(add))
-                        });
+                        if let Some(frames) = m.table.slice_mut(a..b) {
+                            frames.iter_mut().for_each(|s| s.0 = s.0.wrapping_add(add));
+                            seen = frames.len();
+                        } else {
+                            m.table.update(a..b, |s, n| {
+                                seen += n as usize;
+                                FrameState(s.0.wrapping_add(add))
+                            });
+                        }
                         prop_assert_eq!(seen, b - a);
                         for s in &mut m.frames[a..b] {
                             s.0 = s.0.wrapping_add(add);

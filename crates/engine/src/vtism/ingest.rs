@@ -72,15 +72,13 @@ impl HistDelta {
 
     #[inline(always)]
     fn shift(&mut self, lane: usize, from: usize, to: usize) {
-        let d = &mut self.0[lane % 2];
-        d[from % CELLS] = d[from % CELLS].wrapping_sub(1);
-        d[to % CELLS] = d[to % CELLS].wrapping_add(1);
+        self.shift_n(lane, from, to, 1);
     }
 
     /// `n` frames from cell `from` to cell `to`.
     #[inline(always)]
-    fn shift_n(&mut self, from: usize, to: usize, n: u32) {
-        let d = &mut self.0[0];
+    fn shift_n(&mut self, lane: usize, from: usize, to: usize, n: u32) {
+        let d = &mut self.0[lane % 2];
         d[from % CELLS] = d[from % CELLS].wrapping_sub(n);
         d[to % CELLS] = d[to % CELLS].wrapping_add(n);
     }
@@ -125,7 +123,7 @@ impl FrameCounts<'_> {
         // A hinted frame has age 0: always live, at the level of its score.
         let to = t.ring_slot_fresh(after, self.round) as u8;
         let class = |s| class_of(self.is_fast, s);
-        delta.shift_n(cell(from, class(before)), cell(to, class(after)), n);
+        delta.shift_n(0, cell(from, class(before)), cell(to, class(after)), n);
         after
     }
 }
@@ -246,9 +244,9 @@ impl PlainRun<'_, '_> {
             in_bucket | (entry::HUGE_BIT >> (entry::COUNT_SHIFT - buckets::OFFSET_BITS)) as Packed;
         let ahead = &entries[PREFETCH_AHEAD..PREFETCH_AHEAD + n];
         for (k, (&e, &a)) in entries[..n].iter().zip(ahead).enumerate() {
-            // The frame of an entry further on, if it is in this bucket; if not, some frame of
-            // it.
-            frames.prefetch((a & in_bucket) as usize);
+            let Some(slot) = frames.get_mut((e & offset) as usize) else {
+                return k;
+            };
             let off = (e & in_bucket) as usize;
             if MARKED
                 && huge_bit(
@@ -258,21 +256,23 @@ impl PlainRun<'_, '_> {
             {
                 return k;
             }
-            let Some(slot) = frames.get_mut((e & offset) as usize) else {
-                return k;
-            };
             let before = *slot;
             let class = |s| class_in(self.classes, s);
             let hint = buckets::hint_bits(e);
-            let Some((after, from, to)) = self.rh.fresh_looked_up::<RATE>(self.decay, before, hint)
-            else {
-                let (rh, classes) = (self.rh, self.classes);
-                merge_hinted::<RATE>(rh, classes, self.round, self.counts, slot, hint, delta);
-                continue;
-            };
-            *slot = after;
-            // One lane: two, alternating, measured slower.
-            delta.shift(0, cell(from, class(before)), cell(to, class(after)));
+            match self.rh.fresh_looked_up::<RATE>(self.decay, before, hint) {
+                Some((after, from, to)) => {
+                    *slot = after;
+                    // One lane: two, alternating, measured slower.
+                    delta.shift(0, cell(from, class(before)), cell(to, class(after)));
+                }
+                None => {
+                    let (rh, classes) = (self.rh, self.classes);
+                    merge_hinted::<RATE>(rh, classes, self.round, self.counts, slot, hint, delta);
+                }
+            }
+            // The frame of an entry further on, if it is in this bucket; if not, some frame of
+            // it. (Once done with this entry's frame, which holds `frames`.)
+            frames.prefetch((a & in_bucket) as usize);
         }
         n
     }
@@ -949,12 +949,23 @@ impl VmState {
         };
         let before = *slot;
         let Some((after, from, to)) = rh.fresh::<RATE>(before, w) else {
-            self.merge_hints(rh.tables(), idx..idx + 1, w, delta);
+            self.merge_hint(rh.tables(), idx, w, delta);
             return;
         };
         *slot = after;
         let class = |s| class_in(classes, s);
         delta.shift(lane, cell(from, class(before)), cell(to, class(after)));
+    }
+
+    /// A hint with entry `w` on frame `idx`, hinted this round already: `merge_hints` on one
+    /// frame, out of the hot path.
+    #[inline(never)]
+    fn merge_hint(&mut self, t: &Tables, idx: usize, w: u64, delta: &mut HistDelta) {
+        let merge = self.merge_of(t, w);
+        let (frames, counts) = self.split();
+        if let Some(s) = frames.get_mut(idx) {
+            *s = counts.merged(t, *s, 1, delta, merge);
+        }
     }
 
     /// A 2 MiB entry on the frames of its unit, `unit`, as `hint_frame` on each: frames kept
@@ -969,14 +980,24 @@ impl VmState {
     ) {
         let merge = self.merge_of(rh.tables(), w);
         let (frames, counts) = self.split();
-        frames.update(unit, |before, n| {
+        let hint = |before, n, lane, delta: &mut HistDelta| {
             let Some((after, from, to)) = rh.fresh::<RATE>(before, w) else {
                 return counts.merged(rh.tables(), before, n, delta, merge);
             };
             let class = |s| class_in(classes, s);
-            delta.shift_n(cell(from, class(before)), cell(to, class(after)), n);
+            delta.shift_n(lane, cell(from, class(before)), cell(to, class(after)), n);
             after
-        });
+        };
+        // Frames one by one, in a loop of their own (the compiler leaves a closure `update`
+        // calls from three places out of line), take the delta's lanes in turn, as
+        // `hint_frame`'s callers do.
+        if let Some(frames) = frames.slice_mut(unit.clone()) {
+            for (lane, s) in frames.iter_mut().enumerate() {
+                *s = hint(*s, 1, lane, delta);
+            }
+            return;
+        }
+        frames.update(unit, |before, n| hint(before, n, 0, delta));
     }
 
     /// Hints with entry `w` on frames already hinted this round: the duplicates merge
@@ -1028,6 +1049,13 @@ impl VmState {
         merge: impl Fn(&mut FrameState) + Copy,
     ) {
         let (frames, counts) = self.split();
+        // Frames one by one in a loop of their own, as in `hint_unit`.
+        if let Some(frames) = frames.slice_mut(range.clone()) {
+            for s in frames {
+                *s = counts.merged(t, *s, 1, delta, merge);
+            }
+            return;
+        }
         frames.update(range, |s, n| counts.merged(t, s, n, delta, merge));
     }
 
