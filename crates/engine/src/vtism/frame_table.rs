@@ -1,10 +1,11 @@
-//! A VM's frame states, kept per chunk of 512 frames (a 2 MiB block's worth). A chunk whose
-//! frames are all in one state but for the head of a 2 MiB unit, as a host folio's or a unit the
-//! guest hints whole are, is kept as those two states: 16 bytes where 512 states take 2 KiB, so a
-//! VM whose RAM is on host THPs holds next to no per-frame state. Other chunks keep a state per
+//! A VM's frame states by dense index. A VM on 4 KiB host pages keeps them in one array. A VM
+//! with host folios keeps them per chunk of 512 frames (a 2 MiB block's worth): a chunk whose
+//! frames are all in one state but for the head of a 2 MiB unit, as a host folio's are, is kept as
+//! those states (`Pieces`: 24 bytes with the chunk's tag, where 512 states take 2 KiB), so a VM
+//! whose RAM is on host THPs holds next to no per-frame state; other chunks keep a state per
 //! frame. Reads and writes go by frame as in an array: a write that breaks a chunk's uniformity
-//! gives it a state per frame, and maintenance (`maintain`) keeps such a chunk as two states again
-//! once its frames are uniform again. Whole runs of alike frames take one update (`update`).
+//! gives it a state per frame, and maintenance (`maintain`) keeps it as pieces again once its
+//! frames are uniform again. Runs of alike frames take one update (`update`).
 //!
 //! 2 MiB blocks are aligned on guest frame numbers, chunks on dense indexes: where a RAM range's
 //! dense index and guest frame number differ modulo 512 (the PC's hole at 640 KiB cuts 96
