@@ -27,6 +27,16 @@ fn shape(group: &str, name: &str) -> Option<Shape> {
                 .then(|| shapes::gups(1_835_008, 0.04))
         }
         "engine_32GiB_2Mi_sequential_hints" => return Some(shapes::gups(1_900_000, 0.0)),
+        THPS => {
+            return match name {
+                "gups" => Some(shapes::gups(1_835_008, 0.04)),
+                "v1.1_random_order" => Some(shapes::publication(
+                    CountMeaning::RateLevel,
+                    Mix::RandomOrder,
+                )),
+                _ => None,
+            }
+        }
         "engine_32GiB_round_v1.0" => CountMeaning::RoundsSeen,
         "engine_32GiB_round_v1.1" => CountMeaning::RateLevel,
         _ => return None,
@@ -43,6 +53,9 @@ fn shape(group: &str, name: &str) -> Option<Shape> {
 
 const MIXES: [&str; 4] = ["hot_first_runs", "random_order", "huge_units", "duplicates"];
 
+/// The group whose VM has every 2 MiB block a host THP.
+const THPS: &str = "engine_32GiB_host_thps";
+
 fn round(e: &mut VtismPolicy, s: &Shape, t: u64) -> Plan {
     e.observe(VM, s.observation(t), Nanos::from_secs(t))
         .unwrap();
@@ -50,7 +63,8 @@ fn round(e: &mut VtismPolicy, s: &Shape, t: u64) -> Plan {
 }
 
 /// The engine for the GUPS shape, converged, with its memory printed; and the memory of another
-/// with every 2 MiB block a host THP (the folio index and the planner's units it adds).
+/// with every 2 MiB block a host THP (its frame states kept per folio, its rounds folded into
+/// per-folio sums).
 fn converged_gups(gups: &Shape) -> VtismPolicy {
     let e = shapes::converged(gups);
     print_memory(&e, "4 KiB host pages");
@@ -135,6 +149,24 @@ fn bench(c: &mut Criterion<ThreadCpuTime>) {
         }
         g.finish();
     }
+    // The same VM with every 2 MiB block a host THP: rounds fold into one entry per folio, frames
+    // are kept per folio. GUPS, and the v1.1 publication in no order, whose frames hinted twice
+    // fold in more than one pass (`folio::FoldScratch::recount`).
+    let mut g = c.benchmark_group(THPS);
+    g.sample_size(10);
+    for name in ["gups", "v1.1_random_order"] {
+        let s = shape(THPS, name).expect("a benchmarked shape");
+        let mut converged = None;
+        g.throughput(Throughput::Elements(s.entries()));
+        g.bench_function(name, |b| {
+            let e = converged.get_or_insert_with(|| shapes::converged_on_thps(&s));
+            b.iter(|| {
+                t += 1;
+                round(e, &s, t)
+            })
+        });
+    }
+    g.finish();
     // A converging round: the hot set just moved, the plan is full (1 GiB budget).
     let mut g = c.benchmark_group("engine_32GiB_converging");
     g.sample_size(10);
@@ -197,7 +229,10 @@ fn count_rounds(spec: &str) {
         .expect("VTISM_BENCH_ROUNDS=<group>/<shape>[:n]");
     let s =
         shape(group, name).unwrap_or_else(|| panic!("VTISM_BENCH_ROUNDS: no shape {group}/{name}"));
-    let mut e = shapes::converged(&s);
+    let mut e = match group {
+        THPS => shapes::converged_on_thps(&s),
+        _ => shapes::converged(&s),
+    };
     let moved = measured_rounds(&mut e, &s, name == "ingest_only", n);
     eprintln!("{id}: {n} rounds of {} entries, {moved} moves", s.entries());
 }

@@ -1,9 +1,12 @@
 //! The vtism policy: guest hints -> hotness -> hot set per quota -> a phased plan.
 
 mod buckets;
+mod frame_table;
 mod ingest;
 
-use crate::folio::{fold_into_folios, HostFolios, SparseFolio};
+use frame_table::FrameTable;
+
+use crate::folio::{fold_into_folios, FoldScratch, HostFolios, SparseFolio};
 use crate::hotness::{
     key_level, key_of, FrameState, Key, Tables, COLD_SLOT, KEY_BUCKETS, NODE_UNKNOWN, RING,
 };
@@ -35,7 +38,8 @@ struct Span {
     first: u64,
 }
 
-/// Per-VM state: one packed `u32` per 4 KiB frame plus a few counters.
+/// Per-VM state: a packed `u32` per 4 KiB frame (per 2 MiB where its frames are alike,
+/// `frame_table`) plus a few counters.
 struct VmState {
     spec: VmSpec,
     spans: Vec<Span>,
@@ -60,7 +64,7 @@ struct VmState {
     /// Units moved lately: one demoted does not push out one promoted unless clearly hotter
     /// (`recent_moves`).
     recent: RecentMoves,
-    frames: Vec<FrameState>,
+    frames: FrameTable,
     /// Hint rounds ingested; its low byte is the stamp clock.
     round: u64,
     /// What the counts of the last round meant.
@@ -81,8 +85,8 @@ struct VmState {
     dirty: bool,
     last_observed: Option<Nanos>,
     last_stats: VmPlanStats,
-    /// The 2 MiB units hinted in the round being ingested (`ingest::UnitHint`).
-    unit_hints: HashMap<usize, ingest::UnitHint>,
+    /// The 2 MiB units hinted in the round being ingested (`ingest::UnitHint`), by head index.
+    unit_hints: HashMap<u32, ingest::UnitHint>,
     /// Entries each bucket has room for in the next large round (`buckets::Buckets::sort`).
     bucket_room: Vec<u32>,
     /// The last large round's entries came in long runs of one bucket, or there was none yet
@@ -118,31 +122,18 @@ impl VmState {
     /// Histogram slot and class of a frame, `None` when its node is unknown (not counted).
     #[inline]
     fn hist_pos(&self, t: &Tables, s: FrameState) -> Option<(usize, usize)> {
-        let node = s.node_raw();
-        if node == NODE_UNKNOWN {
-            return None;
-        }
-        let class = self.is_fast[node as usize & (NODES - 1)] as usize * 2
-            + (s.page_type() == PageType::File) as usize;
-        Some((t.ring_slot(s, self.round).unwrap_or(COLD), class))
+        hist_pos(&self.is_fast, self.round, t, s)
     }
 
-    #[inline]
-    fn count(&mut self, t: &Tables, s: FrameState) {
-        if let Some((k, c)) = self.hist_pos(t, s) {
-            self.hist[k][c] += 1;
-        }
-    }
-
-    #[inline]
-    fn uncount(&mut self, t: &Tables, s: FrameState) {
-        if let Some((k, c)) = self.hist_pos(t, s) {
-            debug_assert!(
-                self.hist[k][c] > 0,
-                "histogram underflow at slot {k} class {c}"
-            );
-            self.hist[k][c] = self.hist[k][c].saturating_sub(1);
-        }
+    /// The frame table, and what counts its frames, to change together.
+    fn split(&mut self) -> (&mut FrameTable, FrameCounts<'_>) {
+        let counts = FrameCounts {
+            hist: &mut self.hist,
+            node_frames: &mut self.node_frames,
+            is_fast: &self.is_fast,
+            round: self.round,
+        };
+        (&mut self.frames, counts)
     }
 
     /// The round advanced from `round - 1`: levels of the previous round's lowest slots are now
@@ -169,25 +160,48 @@ impl VmState {
         let r = self.round as u8;
         let start = self.maint_cursor.min(n);
         let end = (start + slice).min(n);
-        t.maintain_all(&mut self.frames[start..end], r);
+        self.frames.maintain(
+            start..end,
+            |frames| t.maintain_all(frames, r),
+            |mut s| {
+                t.maintain(&mut s, r);
+                s
+            },
+        );
         self.maint_cursor = if end >= n { 0 } else { end };
     }
 
-    fn place(&mut self, t: &Tables, idx: usize, node: Option<NodeId>) {
-        let s = self.frames[idx];
-        let old = s.node_raw();
+    /// The frames `range` are on `node` now.
+    fn place(&mut self, t: &Tables, range: std::ops::Range<usize>, node: Option<NodeId>) {
         let new = node.map_or(NODE_UNKNOWN, |n| n.0);
-        if old != new {
-            self.uncount(t, s);
+        let (frames, mut counts) = self.split();
+        frames.update(range, |s, n| {
+            let old = s.node_raw();
+            if old == new {
+                return s;
+            }
+            counts.uncount(t, s, n);
             if old != NODE_UNKNOWN {
-                self.node_frames[old as usize] -= 1;
+                counts.node_frames[old as usize] -= n as u64;
             }
             if new != NODE_UNKNOWN {
-                self.node_frames[new as usize] += 1;
+                counts.node_frames[new as usize] += n as u64;
             }
-            self.frames[idx].set_node(node);
-            let s = self.frames[idx];
-            self.count(t, s);
+            let mut after = s;
+            after.set_node(node);
+            counts.count(t, after, n);
+            after
+        });
+    }
+
+    /// Keeps the frame table per chunk where host folios can keep chunks uniform, as one array
+    /// (the ingest's fastest path) where there are none. Each conversion is O(frames), and
+    /// happens when the host's folios come or go.
+    fn fit_frame_table(&mut self) {
+        if self.host_folios.is_empty() {
+            self.frames.flatten();
+        } else {
+            self.frames.chunk_up();
         }
     }
 
@@ -198,6 +212,55 @@ impl VmState {
         }
         let start = self.spec.ram.index_of(gfn)? as usize;
         Some(start..start + frames as usize)
+    }
+}
+
+/// Histogram slot and class of a frame of a VM in round `round` whose fast nodes are `is_fast`,
+/// `None` when its node is unknown (not counted).
+#[inline]
+fn hist_pos(
+    is_fast: &[bool; NODES],
+    round: u64,
+    t: &Tables,
+    s: FrameState,
+) -> Option<(usize, usize)> {
+    let node = s.node_raw();
+    if node == NODE_UNKNOWN {
+        return None;
+    }
+    let class = is_fast[node as usize & (NODES - 1)] as usize * 2
+        + (s.page_type() == PageType::File) as usize;
+    Some((t.ring_slot(s, round).unwrap_or(COLD), class))
+}
+
+/// What counts a VM's frames (`VmState`'s histogram and frames per node), borrowed apart from
+/// its frame table (`VmState::split`) to change with it.
+struct FrameCounts<'a> {
+    hist: &'a mut Vec<[u64; 4]>,
+    node_frames: &'a mut [u64; NODES],
+    is_fast: &'a [bool; NODES],
+    round: u64,
+}
+
+impl FrameCounts<'_> {
+    /// `n` frames in state `s` more in the histogram.
+    #[inline]
+    fn count(&mut self, t: &Tables, s: FrameState, n: u32) {
+        if let Some((k, c)) = hist_pos(self.is_fast, self.round, t, s) {
+            self.hist[k][c] += n as u64;
+        }
+    }
+
+    /// `n` frames in state `s` fewer in the histogram.
+    #[inline]
+    fn uncount(&mut self, t: &Tables, s: FrameState, n: u32) {
+        if let Some((k, c)) = hist_pos(self.is_fast, self.round, t, s) {
+            debug_assert!(
+                self.hist[k][c] >= n as u64,
+                "histogram underflow at slot {k} class {c}"
+            );
+            self.hist[k][c] = self.hist[k][c].saturating_sub(n as u64);
+        }
     }
 }
 
@@ -230,6 +293,75 @@ struct Unit {
     span: u32,
 }
 
+/// Pass 2 of a VM's plan: promotion candidates (slow units) and victims (fast units) under
+/// per-key caps, in address order.
+struct UnitPass<'a> {
+    tables: &'a Tables,
+    /// The VM's round (its low byte).
+    r: u8,
+    is_fast: &'a [bool; NODES],
+    /// Per key, frames still to collect: slow units, fast units.
+    caps: [&'a mut Vec<u64>; 2],
+    units: [&'a mut Vec<Unit>; 2],
+}
+
+impl UnitPass<'_> {
+    /// Collects the VM's units, its frames read with `get` (a plain array's own indexing where
+    /// the table is one).
+    fn collect(self, v: &VmState, get: impl Fn(usize) -> FrameState) {
+        let UnitPass {
+            tables,
+            r,
+            is_fast,
+            caps,
+            units,
+        } = self;
+        let n = v.frames.len();
+        let mut i = 0;
+        let mut held = v.held.iter().peekable();
+        let mut pinned = v.pinned.iter().peekable();
+        while i < n {
+            let s = get(i);
+            let w = if s.huge_head() {
+                HUGE_FRAMES as usize
+            } else {
+                1
+            };
+            let node = s.node_raw();
+            while held.next_if(|h| h.end <= i).is_some() {}
+            while pinned.next_if(|h| h.end <= i).is_some() {}
+            let never_promoted = held.peek().is_some_and(|h| h.start <= i);
+            let never_moved = pinned.peek().is_some_and(|h| h.start < i + w);
+            if node != NODE_UNKNOWN && !never_moved && (!never_promoted || is_fast[node as usize]) {
+                let k = tables.key(s, r) as usize;
+                let head_fast = is_fast[node as usize];
+                let caps = &mut *caps[head_fast as usize];
+                if caps[k] > 0 {
+                    caps[k] = caps[k].saturating_sub(w as u64);
+                    let mut moving = 0;
+                    if w == 1 {
+                        moving = 1;
+                    } else {
+                        v.frames.for_each_run(i..i + w, |_, f, n| {
+                            let node = f.node_raw();
+                            if node != NODE_UNKNOWN && is_fast[node as usize] == head_fast {
+                                moving += n;
+                            }
+                        });
+                    }
+                    units[head_fast as usize].push(Unit {
+                        idx: i as u32,
+                        key: k as Key,
+                        frames: moving,
+                        span: w as u32,
+                    });
+                }
+            }
+            i += w;
+        }
+    }
+}
+
 pub struct VtismPolicy {
     topology: Topology,
     params: EngineParams,
@@ -246,7 +378,7 @@ pub struct VtismPolicy {
     ingest_scratch: ingest::IngestScratch,
     /// A round's entries with those in host folios folded (`folio::fold_into_folios`).
     folded: Vec<HintEntry>,
-    fold_scratch: Vec<u64>,
+    fold_scratch: FoldScratch,
     sparse: Vec<SparseFolio>,
     /// Folios the engine asks the driver to split (`take_split_requests`).
     split_requests: Vec<SplitRequest>,
@@ -290,7 +422,7 @@ impl VtismPolicy {
             hist_slow: vec![0; KEY_BUCKETS],
             ingest_scratch: Default::default(),
             folded: Vec::new(),
-            fold_scratch: Vec::new(),
+            fold_scratch: FoldScratch::default(),
             sparse: Vec::new(),
             split_requests: Vec::new(),
         })
@@ -326,17 +458,18 @@ impl VtismPolicy {
         let t = &self.tables;
         let v = &mut self.vms[p];
         let mut hinted = 0u64;
-        for i in 0..v.frames.len() {
-            let s = v.frames[i];
+        let (frames, mut counts) = v.split();
+        frames.update(0..frames.len(), |s, n| {
             if !s.seen() {
-                continue;
+                return s;
             }
-            hinted += 1;
-            v.uncount(t, s);
-            v.frames[i].forget();
-            let s = v.frames[i];
-            v.count(t, s);
-        }
+            hinted += n as u64;
+            counts.uncount(t, s, n);
+            let mut after = s;
+            after.forget();
+            counts.count(t, after, n);
+            after
+        });
         v.hot_rate_frames = 0;
         v.rate_frames.fill(0);
         v.unit_hints.clear();
@@ -415,7 +548,7 @@ impl VtismPolicy {
             .ram
             .index_of(gfn)
             .ok_or(EngineError::OutOfMap { vm, gfn, frames: 1 })?;
-        Ok(v.frames[idx as usize].node())
+        Ok(v.frames.get(idx as usize).node())
     }
 
     /// Decayed score of a frame now (0 for frames never hinted).
@@ -426,7 +559,9 @@ impl VtismPolicy {
             .ram
             .index_of(gfn)
             .ok_or(EngineError::OutOfMap { vm, gfn, frames: 1 })?;
-        Ok(self.tables.eff_score(v.frames[idx as usize], v.round as u8))
+        Ok(self
+            .tables
+            .eff_score(v.frames.get(idx as usize), v.round as u8))
     }
 
     /// Estimated hot-set size of a VM for pool balancing, HMM-V style: the frames whose decayed
@@ -507,7 +642,7 @@ impl VtismPolicy {
             .vms
             .iter()
             .map(|v| {
-                v.frames.capacity() * 4
+                v.frames.memory_bytes()
                     + v.huge_map.capacity() * 8
                     + v.spans.capacity() * std::mem::size_of::<Span>()
                     + v.hist.capacity() * 32
@@ -516,14 +651,18 @@ impl VtismPolicy {
                     + (v.held.capacity() + v.pinned.capacity()) * 16
                     + v.split_asks.memory_bytes()
                     + v.recent.memory_bytes()
+                    + hash_map_bytes(&v.unit_hints)
+                    + std::mem::size_of_val(&*v.rate_frames)
                     + std::mem::size_of::<VmState>()
             })
             .sum();
         frames
             + (self.hist_fast.capacity() + self.hist_slow.capacity()) * 8
             + self.ingest_scratch.memory_bytes()
-            + self.folded.capacity() * 8
-            + self.fold_scratch.capacity() * 8
+            + self.folded.capacity() * std::mem::size_of::<HintEntry>()
+            + self.fold_scratch.memory_bytes()
+            + self.sparse.capacity() * std::mem::size_of::<SparseFolio>()
+            + self.split_requests.capacity() * std::mem::size_of::<SplitRequest>()
     }
 
     /// The host maps the 2 MiB blocks headed by `heads` with one huge page each (and no others):
@@ -767,59 +906,16 @@ impl VtismPolicy {
         let mut proms: Vec<Unit> = Vec::new();
         let mut victs: Vec<Unit> = Vec::new();
         if prom_caps.iter().any(|&c| c > 0) || vict_caps.iter().any(|&c| c > 0) {
-            let mut i = 0;
-            let mut held = v.held.iter().peekable();
-            let mut pinned = v.pinned.iter().peekable();
-            while i < n {
-                let s = v.frames[i];
-                let w = if s.huge_head() {
-                    HUGE_FRAMES as usize
-                } else {
-                    1
-                };
-                let node = s.node_raw();
-                while held.next_if(|h| h.end <= i).is_some() {}
-                while pinned.next_if(|h| h.end <= i).is_some() {}
-                let never_promoted = held.peek().is_some_and(|h| h.start <= i);
-                let never_moved = pinned.peek().is_some_and(|h| h.start < i + w);
-                if node != NODE_UNKNOWN
-                    && !never_moved
-                    && (!never_promoted || is_fast[node as usize])
-                {
-                    let k = tables.key(s, r) as usize;
-                    let caps = if is_fast[node as usize] {
-                        &mut vict_caps
-                    } else {
-                        &mut prom_caps
-                    };
-                    if caps[k] > 0 {
-                        caps[k] = caps[k].saturating_sub(w as u64);
-                        let head_fast = is_fast[node as usize];
-                        let moving = if w == 1 {
-                            1
-                        } else {
-                            v.frames[i..i + w]
-                                .iter()
-                                .filter(|f| {
-                                    f.node_raw() != NODE_UNKNOWN
-                                        && is_fast[f.node_raw() as usize] == head_fast
-                                })
-                                .count() as u32
-                        };
-                        let u = Unit {
-                            idx: i as u32,
-                            key: k as Key,
-                            frames: moving,
-                            span: w as u32,
-                        };
-                        if is_fast[node as usize] {
-                            victs.push(u)
-                        } else {
-                            proms.push(u)
-                        }
-                    }
-                }
-                i += w;
+            let pass = UnitPass {
+                tables,
+                r,
+                is_fast,
+                caps: [&mut prom_caps, &mut vict_caps],
+                units: [&mut proms, &mut victs],
+            };
+            match v.frames.as_slice() {
+                Some(frames) => pass.collect(v, |i| frames[i]),
+                None => pass.collect(v, |i| v.frames.get(i)),
             }
         }
         // Bucket order: stable counting sort by key (hottest first / coldest first).
@@ -831,7 +927,7 @@ impl VtismPolicy {
         v.recent.expire(now);
         let (frames, round) = (&v.frames, v.round);
         v.recent.follow(round, |i| {
-            let s = frames[i as usize];
+            let s = frames.get(i as usize);
             if s.seen() && s.stamp() == round as u8 {
                 s.last_degree()
             } else {
@@ -863,7 +959,7 @@ impl VtismPolicy {
             if (u.frames as u64) > *budget {
                 continue;
             }
-            let from = v.frames[u.idx as usize].node().unwrap_or(NodeId(0));
+            let from = v.frames.get(u.idx as usize).node().unwrap_or(NodeId(0));
             if let Some(to) = demote(u, from, free) {
                 decided.push((u, from, to, MoveKind::Refill, Phase::Demote));
                 *budget -= u.frames as u64;
@@ -890,7 +986,7 @@ impl VtismPolicy {
                 stats.held_as_return += pf;
                 continue;
             }
-            let from = v.frames[p.idx as usize].node().unwrap_or(NodeId(0));
+            let from = v.frames.get(p.idx as usize).node().unwrap_or(NodeId(0));
             // Victims to make room within the quota less the reserve, each colder by the margin.
             let mut picked: Vec<(Unit, NodeId, NodeId)> = Vec::new();
             let mut freed = 0i64;
@@ -909,7 +1005,7 @@ impl VtismPolicy {
                     break;
                 }
                 vn += 1;
-                let vfrom = v.frames[vu.idx as usize].node().unwrap_or(NodeId(0));
+                let vfrom = v.frames.get(vu.idx as usize).node().unwrap_or(NodeId(0));
                 match demote(vu, vfrom, free) {
                     Some(to) => {
                         picked.push((vu, vfrom, to));
@@ -996,38 +1092,46 @@ impl VtismPolicy {
                 _ => v.recent.demoted(u.idx, unit_degree(v, &u), now),
             }
         }
+        // Runs of the unit's frames alike (a uniform chunk's pieces), placed a run at a time.
+        let mut runs: Vec<(usize, u32, u8)> = Vec::new();
         for (u, _, to, kind, phase) in decided {
             let to_fast = is_fast[to.0 as usize];
-            for i in u.idx as usize..(u.idx + u.span) as usize {
-                let node = v.frames[i].node_raw();
+            runs.clear();
+            let unit = u.idx as usize..(u.idx + u.span) as usize;
+            v.frames
+                .for_each_run(unit, |i, s, n| runs.push((i, n, s.node_raw())));
+            for &(first, n, node) in &runs {
                 if node == NODE_UNKNOWN || is_fast[node as usize] == to_fast {
                     continue;
                 }
                 let from = NodeId(node);
-                let gfn = v.spec.ram.gfn_at(i as u64).unwrap_or(Gfn(0));
-                v.place(tables, i, Some(to));
-                match out.last_mut() {
-                    Some(m)
-                        if m.vm == spec_id
-                            && m.from == from
-                            && m.to == to
-                            && m.kind == kind
-                            && m.phase == phase
-                            && m.gfn.0 + m.frames == gfn.0
-                            && v.spec.ram.contains_span(m.gfn, m.frames + 1) =>
-                    {
-                        m.frames += 1
+                let run = first..first + n as usize;
+                for i in run.clone() {
+                    let gfn = v.spec.ram.gfn_at(i as u64).unwrap_or(Gfn(0));
+                    match out.last_mut() {
+                        Some(m)
+                            if m.vm == spec_id
+                                && m.from == from
+                                && m.to == to
+                                && m.kind == kind
+                                && m.phase == phase
+                                && m.gfn.0 + m.frames == gfn.0
+                                && v.spec.ram.contains_span(m.gfn, m.frames + 1) =>
+                        {
+                            m.frames += 1
+                        }
+                        _ => out.push(Move {
+                            vm: spec_id,
+                            gfn,
+                            frames: 1,
+                            from,
+                            to,
+                            kind,
+                            phase,
+                        }),
                     }
-                    _ => out.push(Move {
-                        vm: spec_id,
-                        gfn,
-                        frames: 1,
-                        from,
-                        to,
-                        kind,
-                        phase,
-                    }),
                 }
+                v.place(tables, run, Some(to));
             }
         }
         // Work the budget cut short continues in the next plan, without waiting for new hints.
@@ -1066,6 +1170,17 @@ impl NodeFree {
     }
 }
 
+/// Heap bytes a hash map holds, about: its table of entries and a control byte per slot, as
+/// hashbrown lays it out (a power of two of slots, at most 7/8 full).
+fn hash_map_bytes<K, V>(map: &HashMap<K, V>) -> usize {
+    let slots = match map.capacity() {
+        0 => return 0,
+        c if c < 8 => (c + 1).next_power_of_two(),
+        c => (c * 8 / 7).next_power_of_two(),
+    };
+    slots * (std::mem::size_of::<(K, V)>() + 1) + 16
+}
+
 /// The dense frame indices of `g`'s RAM, one range per RAM range it meets.
 fn dense_ranges(ram: &RamMap, g: GfnRange) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     ram.index_spans().filter_map(move |(r, first)| {
@@ -1095,7 +1210,7 @@ fn would_displace_just_promoted(victs: &[Unit], need: i64, recent: &RecentMoves)
 
 /// The degree of a unit's last hint (its head's: a 2 MiB unit is hinted as one).
 fn unit_degree(v: &VmState, u: &Unit) -> u32 {
-    v.frames[u.idx as usize].last_degree()
+    v.frames.get(u.idx as usize).last_degree()
 }
 
 /// Takes the VM's pinned frames out of the key histograms (`hf` fast, `hs` slow): the planner
@@ -1110,19 +1225,19 @@ fn take_out_pinned(
 ) -> u64 {
     let mut fast = 0;
     for range in &v.pinned {
-        for &s in &v.frames[range.clone()] {
+        v.frames.for_each_run(range.clone(), |_, s, n| {
             let node = s.node_raw();
             if node == NODE_UNKNOWN {
-                continue;
+                return;
             }
-            let k = key(s) as usize;
+            let (k, n) = (key(s) as usize, n as u64);
             if is_fast[node as usize] {
-                hf[k] = hf[k].saturating_sub(1);
-                fast += 1;
+                hf[k] = hf[k].saturating_sub(n);
+                fast += n;
             } else {
-                hs[k] = hs[k].saturating_sub(1);
+                hs[k] = hs[k].saturating_sub(n);
             }
-        }
+        });
     }
     fast
 }
@@ -1196,6 +1311,11 @@ impl Policy for VtismPolicy {
                 }),
             }
         }
+        let table = FrameTable::new(
+            frames as usize,
+            FrameState::NEW,
+            spans.iter().map(|s| (s.first as usize, s.start)),
+        );
         let st = VmState {
             huge_map: vec![0; (frames as usize / HUGE_FRAMES as usize) / 64 + 1],
             huge_marks: 0,
@@ -1206,7 +1326,7 @@ impl Policy for VtismPolicy {
             split_asks: SplitAsks::default(),
             recent: RecentMoves::default(),
             spans,
-            frames: vec![FrameState::NEW; frames as usize],
+            frames: table,
             spec,
             round: 0,
             counts: CountMeaning::RoundsSeen,
@@ -1254,6 +1374,7 @@ impl Policy for VtismPolicy {
         let scratch = &mut self.ingest_scratch;
         let v = &mut self.vms[p];
         v.last_observed = Some(now);
+        v.fit_frame_table();
         let access_entries: Vec<HintEntry>;
         let (entries, counts) = match obs {
             Observation::Hints {
@@ -1280,7 +1401,7 @@ impl Policy for VtismPolicy {
         if v.host_folios.is_empty() {
             return Ok(v.ingest(tables, counts, entries, scratch));
         }
-        let (folded, inside) = (&mut self.folded, &mut self.fold_scratch);
+        let (folded, folds) = (&mut self.folded, &mut self.fold_scratch);
         let hot_count = Some(tables.hot_count(counts));
         let sparse = &mut self.sparse;
         fold_into_folios(
@@ -1288,7 +1409,7 @@ impl Policy for VtismPolicy {
             &v.host_folios,
             counts,
             hot_count,
-            inside,
+            folds,
             folded,
             sparse,
         );
@@ -1316,9 +1437,7 @@ impl Policy for VtismPolicy {
         let span = v
             .span(gfn, frames)
             .ok_or(EngineError::OutOfMap { vm, gfn, frames })?;
-        for i in span {
-            v.place(&self.tables, i, node);
-        }
+        v.place(&self.tables, span, node);
         v.dirty = true;
         Ok(())
     }
@@ -1434,11 +1553,11 @@ impl VtismPolicy {
     pub fn check_histogram(&self, vm: VmId) -> Result<(), String> {
         let v = &self.vms[self.vm_pos(vm).map_err(|e| e.to_string())?];
         let mut fresh = vec![[0u64; 4]; RING + 1];
-        for &s in &v.frames {
+        v.frames.for_each_run(0..v.frames.len(), |_, s, n| {
             if let Some((k, c)) = v.hist_pos(&self.tables, s) {
-                fresh[k][c] += 1;
+                fresh[k][c] += n as u64;
             }
-        }
+        });
         match fresh.iter().zip(&v.hist).position(|(a, b)| a != b) {
             None => Ok(()),
             Some(k) => Err(format!(
@@ -1456,7 +1575,7 @@ impl VtismPolicy {
             .ram
             .index_of(gfn)
             .ok_or(EngineError::OutOfMap { vm, gfn, frames: 1 })?;
-        Ok(v.frames[idx as usize].page_type())
+        Ok(v.frames.get(idx as usize).page_type())
     }
 
     /// The VM's RAM map.
