@@ -256,6 +256,16 @@ mod tests {
     const FAST: NodeId = NodeId(0);
     const SLOW: NodeId = NodeId(1);
 
+    /// One hint round of `entries`, counts as rate levels, as the tracker publishes them.
+    fn observe_levels(r: &mut DaemonRound, vm: VmId, entries: &[HintEntry], now: Nanos) {
+        let obs = Observation::Hints {
+            entries,
+            overflow: false,
+            counts: CountMeaning::RateLevel,
+        };
+        r.observe(vm, obs, now).unwrap();
+    }
+
     /// Host folios as vtismd handles them: eight folios with 48 hot frames each against a quota
     /// of three folios (the engine's own test of the rule). The engine asks to split them at
     /// its first rounds; vtismd carries the requests out at its next re-read of the backing,
@@ -301,12 +311,7 @@ mod tests {
             let mut split_at = Vec::new();
             for epoch in 0..250u64 {
                 let now = Nanos::from_millis(epoch * 100);
-                let obs = Observation::Hints {
-                    entries: &hints,
-                    overflow: false,
-                    counts: CountMeaning::RateLevel,
-                };
-                r.observe(vm, obs, now).unwrap();
+                observe_levels(&mut r, vm, &hints, now);
                 let asked = r.take_splits(now);
                 if !asked.is_empty() {
                     split_at.push((epoch, asked.len()));
@@ -373,12 +378,7 @@ mod tests {
         let mut planned = Vec::new();
         for epoch in 0..30u64 {
             let now = Nanos::from_millis(epoch * 100);
-            let obs = Observation::Hints {
-                entries: &hot,
-                overflow: false,
-                counts: CountMeaning::RateLevel,
-            };
-            r.observe(vm, obs, now).unwrap();
+            observe_levels(&mut r, vm, &hot, now);
             let plan = r.plan(&PlanContext::default(), now);
             let promoted: u64 = plan
                 .moves
