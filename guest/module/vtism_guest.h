@@ -304,6 +304,7 @@ struct vt_coarse {
 	unsigned int regions;	/* visited in this chunk (read pass: with a window open) */
 	unsigned int young;	/* young in the read pass */
 	u64 t_clear_ns;		/* clearing pass started */
+	u64 cpu_clear_ns;	/* the tracker's CPU time then */
 	/* upper entries already decided in this pass: kept across yields */
 	unsigned long pud_base, pmd_base;
 	bool pud_walk;
@@ -351,7 +352,7 @@ struct vt_tracker {
 	bool prune;
 	bool nonleaf_young;	/* the MMU sets Accessed bits in PMD/PUD entries (not Xen PV) */
 	u64 wc_ns;		/* coarse window W_c */
-	u64 wc_eff_us;		/* the window the chunk being read really had */
+	u64 wc_eff_us;		/* the window the chunk being read really had (vt_coarse_step) */
 	u64 wf_ns;		/* fine window W_f */
 	u64 goal_ppm;		/* share of regions / frames to see young per window */
 	u64 tracked_frames;
