@@ -281,18 +281,18 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
         if moved_at_clock.is_none() && moved_at.is_some() {
             moved_at_clock = Some(s.clock_s());
         }
-        if let (Some(lt), Some(lc)) = (loaded_at, loaded_at_clock) {
+        if let Some(lc) = loaded_at_clock {
             // The hot set still to move keeps the run going; after the move the new hot set gets
             // the tracking limit again, on the workload's clock as the checks count it.
             let move_pending = settings.move_after_s > 0 && moved_at.is_none();
-            let since = moved_at.map_or(lt, |m| m.max(lt));
             let since_clock = moved_at_clock.map_or(lc, |m| m.max(lc));
             if reached_at.is_none() && s.hot_dram_share() >= settings.target_share {
                 reached_at = Some(t);
                 println!(
-                    "TB {:.0}% of the hot set is in DRAM, {:.0} s after the {}; holding {} s",
+                    "TB {:.0}% of the hot set is in DRAM, {:.0} s of the workload's clock after \
+                     the {}; holding {} s",
                     100.0 * settings.target_share,
-                    t - since,
+                    s.clock_s() - since_clock,
                     if moved_at.is_some() {
                         "move"
                     } else {
