@@ -235,6 +235,9 @@ struct VmState {
     s_acc: f64,
     s_fast: f64,
     heat_acc: Vec<f64>,
+    /// Accesses made under the current profile not yet spread over `heat_acc` (first VM): the
+    /// spread is one pass over the units, made when the profile changes or a sample ends.
+    heat_pending: f64,
 }
 
 /// Everything about one simulation except the policy.
@@ -420,6 +423,7 @@ pub fn run(
             s_acc: 0.0,
             s_fast: 0.0,
             heat_acc: vec![0.0; cfg.heat_buckets.max(1)],
+            heat_pending: 0.0,
         });
     }
     let fast_cap_frames = world.fast_capacity / FRAME_SIZE;
@@ -451,6 +455,7 @@ pub fn run(
         for (k, v) in vms.iter_mut().enumerate() {
             let ph = v.wl.phase(t0);
             if ph != v.phase {
+                spread_heat(v);
                 v.phase = ph;
                 v.profile = Arc::new(v.wl.profile(ph, cfg.unit_bytes));
                 v.dirty = true;
@@ -467,8 +472,9 @@ pub fn run(
                 }
                 sums[k] = s;
                 split_share[k] = v.host.as_ref().map_or(0.0, |h| {
-                    (0..v.units)
-                        .filter(|&u| !h.unit_is_huge(u))
+                    (0..h.blocks())
+                        .filter(|&b| !h.is_huge(b))
+                        .flat_map(|b| h.units_of(b))
                         .map(|u| v.profile.share(u))
                         .sum()
                 });
@@ -521,10 +527,7 @@ pub fn run(
             v.s_acc += n;
             v.s_fast += n * (s[0] + s[1]);
             if k == 0 {
-                let b = v.heat_acc.len();
-                for u in 0..v.units {
-                    v.heat_acc[u * b / v.units] += v.profile.share(u) * n;
-                }
+                v.heat_pending += n;
             }
         }
         // Trackers observe, charge their cost to the next epoch.
@@ -629,6 +632,7 @@ pub fn run(
                 v.s_acc = 0.0;
                 v.s_fast = 0.0;
                 if k == 0 {
+                    spread_heat(v);
                     let tot: f64 = v.heat_acc.iter().sum();
                     out.heat.push(
                         v.heat_acc
@@ -669,6 +673,18 @@ pub fn run(
         .collect();
     out.wall_secs = started.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Spreads the accesses made under the current profile over the heatmap's address buckets.
+fn spread_heat(v: &mut VmState) {
+    if v.heat_pending == 0.0 {
+        return;
+    }
+    let b = v.heat_acc.len();
+    for u in 0..v.units {
+        v.heat_acc[u * b / v.units] += v.profile.share(u) * v.heat_pending;
+    }
+    v.heat_pending = 0.0;
 }
 
 /// Where a move lands: the frames it takes from each unit, how many page mappings it unmaps,
