@@ -35,7 +35,7 @@ if insmod /vtism_guest.ko $PARAMS; then
 	# the cost of a few sysfs reads
 	(while sleep 20; do
 		l=TBSTAT
-		for c in sweeps bursts changes rate_rises rate_falls changed_bursted neighbours_flagged \
+		for c in sweeps bursts changes coarse_stalls rate_rises rate_falls changed_bursted neighbours_flagged \
 			coarse_windows coarse_young coarse_window_us coarse_window_eff_us; do
 			l="$l $c=$(cat /sys/kernel/vtism_guest/$c 2>/dev/null)"
 		done

@@ -59,6 +59,9 @@ s64 vt_published_code(unsigned int code, s64 follow, unsigned int region_code,
 		      unsigned int wc_fast_code, s64 share);
 #define VT_CHANGE_OCTAVES 2	/* the change vt_change_step() detects: a factor of 4 */
 s64 vt_change_lw(u64 w_us);
+u64 vt_young_chance(unsigned int code, s64 lw);
+#define VT_STALL_MIN 4	/* regions expected young: fewer cannot tell a stall */
+bool vt_window_stalled(u64 expected, u64 young);
 int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down, u16 *up);
 
 /* ---- the CPU budget (vtism_budget.c); times in ns, passed in ---- */
@@ -238,6 +241,7 @@ struct vt_counters {
 	u64 bursts;
 	u64 frames_read;	/* coarse passes: PTE tables read for a region not yet measured */
 	u64 changes;		/* change detection's alarms (vt_change_step) */
+	u64 coarse_stalls;	/* coarse windows stalled (vt_window_stalled) */
 	u64 rate_rises;		/* frames that started over from a burst: rate risen (vt_rise_code) */
 	u64 rate_falls;		/* ...rate fallen (vt_fall_code) */
 	u64 changed_bursted;	/* regions burst ahead of the sweep: change detection alarmed */
@@ -377,6 +381,11 @@ struct vt_tracker {
 	u64 idle_t, idle_w;	/* last idle coarse window's exposure and length... */
 	s64 idle_d;		/* ...and what it did to a rate: regions of a chunk share it */
 	u64 change_regions;	/* regions change detection found risen since the last round */
+	/* the coarse window being read: its idle regions' change steps wait for its end */
+	struct vt_region **deferred;
+	u64 deferred_n, deferred_cap;
+	u64 win_expect;		/* regions expected young (vt_young_chance), Q32... */
+	u64 win_young;		/* ...and those seen young */
 	u64 changed_pending;	/* regions flagged VT_R_CHANGED, at most (vt_burst_select) */
 	bool cursor_turn;	/* this burst of a sweep starts at the cursor (vt_burst_select) */
 	u64 change_w;		/* last short coarse window's length... */
@@ -403,6 +412,8 @@ static inline u32 vt_dither(struct vt_tracker *tr)
 }
 
 void vt_coarse_observe(struct vt_tracker *tr, struct vt_region *r, bool young, bool read);
+void vt_coarse_window_open(struct vt_tracker *tr, unsigned int regions);
+void vt_coarse_window_done(struct vt_tracker *tr);
 void vt_coarse_adapt(struct vt_tracker *tr, unsigned int regions, unsigned int young);
 void vt_burst_land_region(struct vt_tracker *tr, struct vt_burst *b, struct vt_burst_region *br,
 			  struct vt_region *r, const u64 *obs);

@@ -252,6 +252,7 @@ static struct vt_stat_attr vt_stat_attrs[] = {
 	VT_COUNTER(bursts),
 	VT_COUNTER(frames_read),
 	VT_COUNTER(changes),
+	VT_COUNTER(coarse_stalls),
 	VT_COUNTER(rate_rises),
 	VT_COUNTER(rate_falls),
 	VT_COUNTER(changed_bursted),
@@ -441,6 +442,7 @@ static enum vt_pass_result vt_coarse_step(struct vt_loop *l)
 	u64 t0 = l->now;
 
 	if (l->cstate == VT_C_OPEN) {
+		vt_coarse_window_open(tr, c->regions);
 		c->read = true;
 		c->pos = c->start;
 		c->regions = 0;
@@ -461,6 +463,7 @@ static enum vt_pass_result vt_coarse_step(struct vt_loop *l)
 		return res;
 	}
 	tr->c.coarse_windows++;
+	vt_coarse_window_done(tr);
 	vt_coarse_adapt(tr, c->regions, c->young);
 	l->cstate = VT_C_IDLE;
 	if (c->end.vm)
@@ -952,6 +955,7 @@ out:
 	kvfree(tr->tasks);
 	kvfree(tr->obs);
 	kvfree(tr->pub_levels);
+	kvfree(tr->deferred);
 	kvfree(l->b);
 	kfree(l);
 wait:

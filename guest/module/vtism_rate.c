@@ -336,6 +336,14 @@ static s64 vt_log2_share(u64 x)
  * to detect) of lw = vt_change_lw(w), young or not. Returns -1 (a drop), +1 (a rise) or 0, and
  * clears both sums on an alarm. dither rounds the idle window's increment (uniform 32 bits).
  */
+static u64 vt_change_x(unsigned int code, s64 lw)
+{
+	u64 x = vt_exp2_q32(((s64)min_t(unsigned int, code, VT_RC_MAX) - VT_RC_1HZ) *
+			    (VT_Q16 / VT_RC_PER_OCTAVE) + lw);
+
+	return clamp_t(u64, x, 1, VT_X_MAX);
+}
+
 int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down, u16 *up)
 {
 	s64 d = *down, u = *up, a;
@@ -343,9 +351,7 @@ int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down,
 
 	if (!code)
 		return 0;
-	x = vt_exp2_q32(((s64)min_t(unsigned int, code, VT_RC_MAX) - VT_RC_1HZ) *
-			(VT_Q16 / VT_RC_PER_OCTAVE) + lw);
-	x = clamp_t(u64, x, 1, VT_X_MAX);
+	x = vt_change_x(code, lw);
 	if (young) {
 		a = vt_log2_share(x);
 		u += vt_nats_of_log2(vt_log2_share(x << VT_CHANGE_OCTAVES) - a);
@@ -365,4 +371,25 @@ int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down,
 	*down = d;
 	*up = u;
 	return 0;
+}
+
+/* The chance that a window of lw = vt_change_lw(w) finds a rate of code `code` young, Q32 */
+u64 vt_young_chance(unsigned int code, s64 lw)
+{
+	return code ? vt_share_of_x(vt_change_x(code, lw)) : 0;
+}
+
+/*
+ * A stalled coarse window: its regions were young fewer than half as often as their rates
+ * expect (expected: the sum of their vt_young_chance()s, at least VT_STALL_MIN regions' worth).
+ * Independent regions fall that short rarely; a vCPU that did not execute for most of the
+ * window (its host preempted it, or stalled it on a page being migrated) makes every region
+ * idle at once, and read one by one, each such window is strong evidence of a drop for every
+ * busy region: under nested TCG, hot regions alarmed two octaves down together in such windows
+ * and warm data took their place (docs/testbed.md, 2026-11-30). Its idle outcomes are not
+ * evidence of a drop (vt_coarse_window_done).
+ */
+bool vt_window_stalled(u64 expected, u64 young)
+{
+	return expected >= (u64)VT_STALL_MIN * VT_ONE && young * 2 * VT_ONE < expected;
 }

@@ -234,6 +234,48 @@ static void change_tests(void)
 	}
 }
 
+/*
+ * vt_young_chance against 1 - e^-x; vt_window_stalled: a window of 64 independent regions at
+ * rates from 1/16 to 32 expected accesses is rarely called stalled, one in which the vCPU ran
+ * for a 30th of it (each region's x a 30th) nearly always, and too few expected regions
+ * never are.
+ */
+static void stall_tests(void)
+{
+	s64 lw = vt_change_lw(1000);
+	unsigned int codes[64], i, k, stalled = 0, caught = 0;
+	static const double xs[] = { 0.1, 1, 4, 20 };
+
+	for (i = 0; i < sizeof(xs) / sizeof(xs[0]); i++) {
+		double p = (double)vt_young_chance(code_of_x(xs[i]), lw) / 4294967296.0;
+
+		check(fabs(p - (1 - exp(-xs[i]))) < 0.01, "young chance", p, 1 - exp(-xs[i]));
+	}
+	check(vt_young_chance(0, lw) == 0, "young chance of no rate", 0, 0);
+	srand(13);
+	for (i = 0; i < 64; i++)
+		codes[i] = code_of_x(exp2(-4 + 9.0 * i / 63));
+	for (k = 0; k < 100000; k++) {
+		u64 expect = 0, young = 0, young_stall = 0;
+
+		for (i = 0; i < 64; i++) {
+			double x = exp2(((double)codes[i] - VT_RC_1HZ) / 64) * 0.001;
+
+			expect += vt_young_chance(codes[i], lw);
+			young += rand() < RAND_MAX * (1 - exp(-x));
+			young_stall += rand() < RAND_MAX * (1 - exp(-x / 30));
+		}
+		stalled += vt_window_stalled(expect, young);
+		caught += vt_window_stalled(expect, young_stall);
+	}
+	check(stalled <= 100, "steady windows called stalled (of 100000)", stalled, 0);
+	check(caught >= 99000, "a vCPU that ran a 30th of the window: stalled (of 100000)", caught,
+	      100000);
+	check(!vt_window_stalled(3 * 4294967296ULL, 0), "three regions expected: no stall", 1, 0);
+	check(vt_window_stalled(50 * 4294967296ULL, 19) && !vt_window_stalled(50 * 4294967296ULL, 25),
+	      "half of the expected young regions", 19, 25);
+}
+
 int main(void)
 {
 	static const double coarse[] = { 0.198, 0.002 }, fine[] = { 3.0, 0.03, 0.03, 0.03, 0.03 };
@@ -477,6 +519,7 @@ int main(void)
 	}
 
 	change_tests();
+	stall_tests();
 	printf("vtism_rate_test: %s (%d failures)\n", failures ? "FAIL" : "ok", failures);
 	return failures ? 1 : 0;
 }

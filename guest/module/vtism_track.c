@@ -67,10 +67,80 @@ static void vt_flag_changed(struct vt_tracker *tr, struct vt_region *r)
 	}
 }
 
+/* Change detection's alarm (vt_change_step) on a region: its rate moves by the factor */
+static void vt_region_alarm(struct vt_tracker *tr, struct vt_region *r, int change)
+{
+	if (!change)
+		return;
+	r->crate = vt_code_moved(r->crate, (s64)change * (VT_CHANGE_OCTAVES * VT_RC_PER_OCTAVE << 10),
+				 vt_dither(tr));
+	tr->change_regions += change > 0;	/* risen: vt_round_early_when() */
+	vt_flag_changed(tr, r);
+	tr->c.changes++;
+}
+
+/* Room for the idle regions of a coarse window of `regions` (vt_coarse_window_done) */
+void vt_coarse_window_open(struct vt_tracker *tr, unsigned int regions)
+{
+	tr->deferred_n = 0;
+	tr->win_expect = 0;
+	tr->win_young = 0;
+	if (regions <= tr->deferred_cap)
+		return;
+	kvfree(tr->deferred);
+	tr->deferred_cap = regions + regions / 8;
+	tr->deferred = kvmalloc_array(tr->deferred_cap, sizeof(*tr->deferred),
+				      GFP_KERNEL | __GFP_NOWARN);
+	if (!tr->deferred)
+		tr->deferred_cap = 0;	/* idle windows step at once, stalled or not */
+}
+
+/*
+ * The coarse window read: its idle regions' change steps, unless it stalled
+ * (vt_window_stalled). They come after the window's rate updates, a step of a rate that one
+ * idle window moved by its decay (a few codes in 64 an octave).
+ */
+void vt_coarse_window_done(struct vt_tracker *tr)
+{
+	u64 i;
+
+	if (vt_window_stalled(tr->win_expect, tr->win_young)) {
+		tr->c.coarse_stalls++;
+		tr->deferred_n = 0;
+		return;
+	}
+	for (i = 0; i < tr->deferred_n; i++) {
+		struct vt_region *r = tr->deferred[i];
+
+		vt_region_alarm(tr, r, vt_change_step(r->crate, tr->change_lw, false, vt_dither(tr),
+						      &r->cdown, &r->cup));
+	}
+	tr->deferred_n = 0;
+}
+
+/*
+ * A short coarse window's change step (vt_change_step): young at once, idle once the window
+ * is known not to have stalled (vt_coarse_window_done). Returns the alarm, if any.
+ */
+static int vt_region_change(struct vt_tracker *tr, struct vt_region *r, u64 w_us, bool young)
+{
+	if (w_us != tr->change_w) {
+		tr->change_w = w_us;
+		tr->change_lw = vt_change_lw(w_us);
+	}
+	tr->win_expect += vt_young_chance(r->crate, tr->change_lw);
+	tr->win_young += young;
+	if (!young && r->crate && tr->deferred_n < tr->deferred_cap) {
+		tr->deferred[tr->deferred_n++] = r;
+		return 0;
+	}
+	return vt_change_step(r->crate, tr->change_lw, young, vt_dither(tr), &r->cdown, &r->cup);
+}
+
 /*
  * One coarse window of w_us averaged into the region's rate; long_w: the one since the last
  * read. A fast region's rate weighs its short windows only (vt_fast_code). A short window
- * also feeds change detection (vt_change_step): on an alarm the rate moves by its factor.
+ * also feeds change detection (vt_region_change): on an alarm the rate moves by its factor.
  */
 static void vt_region_window(struct vt_tracker *tr, struct vt_region *r, u64 w_us, bool young,
 			     bool long_w)
@@ -79,14 +149,8 @@ static void vt_region_window(struct vt_tracker *tr, struct vt_region *r, u64 w_u
 	u64 t = fast ? r->cs_us : r->ct_us;
 	int change = 0;
 
-	if (!long_w) {
-		if (w_us != tr->change_w) {
-			tr->change_w = w_us;
-			tr->change_lw = vt_change_lw(w_us);
-		}
-		change = vt_change_step(r->crate, tr->change_lw, young, vt_dither(tr), &r->cdown,
-					&r->cup);
-	}
+	if (!long_w)
+		change = vt_region_change(tr, r, w_us, young);
 	if (young && !(fast && long_w))
 		r->crate = vt_code_of_hz(vt_rate_add(vt_hz_of_code(r->crate), t, w_us, true,
 						     VT_COARSE_DIV), vt_dither(tr));
@@ -98,14 +162,7 @@ static void vt_region_window(struct vt_tracker *tr, struct vt_region *r, u64 w_u
 		}
 		r->crate = vt_code_moved(r->crate, tr->idle_d, vt_dither(tr));
 	}
-	if (change) {
-		r->crate = vt_code_moved(r->crate, (s64)change * (VT_CHANGE_OCTAVES *
-							       VT_RC_PER_OCTAVE << 10),
-					 vt_dither(tr));
-		tr->change_regions += change > 0;	/* risen: vt_round_early_when() */
-		vt_flag_changed(tr, r);
-		tr->c.changes++;
-	}
+	vt_region_alarm(tr, r, change);
 	r->ct_us = min_t(u64, vt_exposure(r->ct_us, w_us, VT_COARSE_DIV), U32_MAX);
 	if (!long_w)
 		r->cs_us = min_t(u64, vt_exposure(r->cs_us, w_us, VT_COARSE_DIV), U32_MAX);
