@@ -331,11 +331,7 @@ static s64 vt_log2_share(u64 x)
 	return vt_log2_q16(max_t(u64, vt_share_of_x(x), 1));
 }
 
-/*
- * One window of a rate of code `code` (the estimate before the window; 0: no rate, nothing
- * to detect) of lw = vt_change_lw(w), young or not. Returns -1 (a drop), +1 (a rise) or 0, and
- * clears both sums on an alarm. dither rounds the idle window's increment (uniform 32 bits).
- */
+/* x = r w, Q32: the accesses a rate of code `code` expects in a window of lw */
 static u64 vt_change_x(unsigned int code, s64 lw)
 {
 	u64 x = vt_exp2_q32(((s64)min_t(unsigned int, code, VT_RC_MAX) - VT_RC_1HZ) *
@@ -344,6 +340,11 @@ static u64 vt_change_x(unsigned int code, s64 lw)
 	return clamp_t(u64, x, 1, VT_X_MAX);
 }
 
+/*
+ * One window of a rate of code `code` (the estimate before the window; 0: no rate, nothing
+ * to detect) of lw = vt_change_lw(w), young or not. Returns -1 (a drop), +1 (a rise) or 0, and
+ * clears both sums on an alarm. dither rounds the idle window's increment (uniform 32 bits).
+ */
 int vt_change_step(unsigned int code, s64 lw, bool young, u32 dither, u16 *down, u16 *up)
 {
 	s64 d = *down, u = *up, a;
