@@ -84,8 +84,11 @@ static double run(int what)
 		case 5:	/* change detection, a short coarse window, young */
 			acc += vt_change_step(c, -9 * 65536, true, i, &sums[0], &sums[1]);
 			break;
-		default:	/* change detection, a short coarse window, not young */
+		case 6:	/* change detection, a short coarse window, not young */
 			acc += vt_change_step(c, -9 * 65536, false, i, &sums[0], &sums[1]);
+			break;
+		default:	/* stall detection's young chance of a region, a short coarse window */
+			acc += vt_young_chance(c, -9 * 65536);
 		}
 	}
 	sink = acc;
@@ -177,7 +180,8 @@ int main(void)
 	static const char *name[] = { "coarse window, young", "coarse window, not young",
 				      "fine burst, young windows (1 + 4)", "fine burst, nothing seen",
 				      "level of a code", "change detection, young window",
-				      "change detection, idle window" };
+				      "change detection, idle window",
+				      "young chance (stall detection)" };
 	static const char *pub_name[] = { "publication: count",
 					   "publication: count, keeping the level",
 					   "publication: write from the scratch, all",
@@ -193,7 +197,7 @@ int main(void)
 		codes[r] = 1408 + rand() % 1664;
 		young[r] = rand();
 	}
-	for (w = 0; w < 7; w++) {
+	for (w = 0; w < 8; w++) {
 		for (r = 0; r < RUNS; r++)
 			t[r] = run(w);
 		qsort(t, RUNS, sizeof(t[0]), cmp);
