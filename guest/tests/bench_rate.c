@@ -10,7 +10,8 @@
  * Prints ns per call, the median of 11 runs of 4 Mi calls each, for a region's coarse window
  * (young: the rate arithmetic; not young: a move in the code domain), a frame's fine burst (with
  * young windows: the long window of 3 s and 4 of 30 ms; without: the region's sum of code
- * moves), the level of a code (publication) and change detection's step for a short window.
+ * moves), the level of a code (publication), change detection's step for a short window and
+ * stall detection's young chance of a region.
  * Rates are drawn uniformly over codes 1408-3071 (2^-10 to 2^16 Hz). Then publication's passes
  * over a 16 GiB guest's frame words, ns per frame slot (pub_run).
  */
@@ -197,7 +198,7 @@ int main(void)
 		codes[r] = 1408 + rand() % 1664;
 		young[r] = rand();
 	}
-	for (w = 0; w < 8; w++) {
+	for (w = 0; w < (int)(sizeof(name) / sizeof(name[0])); w++) {
 		for (r = 0; r < RUNS; r++)
 			t[r] = run(w);
 		qsort(t, RUNS, sizeof(t[0]), cmp);
