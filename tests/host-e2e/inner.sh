@@ -126,6 +126,9 @@ min_interval_ms = 200
 [mover]
 promote_mbps = 0
 demote_mbps = 0
+# A second of each limit's rate at once (the default is 8 s): the restart check below times
+# vm-a's 2 MB/s limit, which an 8 s burst would mostly hide.
+burst_s = 1
 [host_tracking]
 busy_retry_ms = 1000
 EOF

@@ -21,6 +21,10 @@ pub struct RoundLimits {
     /// Each VM's own limits, MB/s per direction; 0 = unlimited. A quarter of the global ones.
     pub vm_promote_mbps: u64,
     pub vm_demote_mbps: u64,
+    /// Seconds of its rate a bucket holds: a hot set that moves now and then (a phase change)
+    /// moves at once, while a guest that keeps flipping is held to the rate once its burst is
+    /// spent.
+    pub burst_s: u64,
 }
 
 impl RoundLimits {
@@ -30,6 +34,7 @@ impl RoundLimits {
         demote_mbps: 1024,
         vm_promote_mbps: 256,
         vm_demote_mbps: 256,
+        burst_s: 8,
     };
 }
 
@@ -39,25 +44,30 @@ impl Default for RoundLimits {
     }
 }
 
-/// A token bucket in bytes. A rate of 0 is unlimited. Burst: one second of rate.
+/// A token bucket in bytes. A rate of 0 is unlimited.
 #[derive(Clone, Debug)]
 pub struct TokenBucket {
     rate: f64,
-    burst: f64,
+    burst_s: f64,
     tokens: f64,
     last: Nanos,
 }
 
 impl TokenBucket {
-    /// `mbps`: 10^6 bytes per second; 0 = unlimited. Starts full.
-    pub fn new(mbps: u64, now: Nanos) -> TokenBucket {
+    /// `mbps`: 10^6 bytes per second, 0 = unlimited; `burst_s`: seconds of that rate it holds
+    /// (at least one). Starts full.
+    pub fn new(mbps: u64, burst_s: u64, now: Nanos) -> TokenBucket {
         let rate = mbps as f64 * 1e6;
+        let burst_s = burst_s.max(1) as f64;
         TokenBucket {
             rate,
-            burst: rate,
-            tokens: rate,
+            burst_s,
+            tokens: rate * burst_s,
             last: now,
         }
+    }
+    fn burst(&self) -> f64 {
+        self.rate * self.burst_s
     }
     pub fn unlimited(&self) -> bool {
         self.rate == 0.0
@@ -69,7 +79,7 @@ impl TokenBucket {
     fn refill(&mut self, now: Nanos) {
         let dt = now.saturating_sub(self.last).as_secs_f64();
         self.last = self.last.max(now);
-        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst());
     }
     /// Bytes available now (u64::MAX when unlimited).
     pub fn available(&mut self, now: Nanos) -> u64 {
@@ -107,8 +117,12 @@ impl TokenBucket {
     pub fn set_rate(&mut self, mbps: u64, now: Nanos) {
         self.refill(now);
         self.rate = mbps as f64 * 1e6;
-        self.burst = self.rate;
-        self.tokens = self.tokens.min(self.burst);
+        self.tokens = self.tokens.min(self.burst());
+    }
+    pub fn set_burst_s(&mut self, burst_s: u64, now: Nanos) {
+        self.refill(now);
+        self.burst_s = burst_s.max(1) as f64;
+        self.tokens = self.tokens.min(self.burst());
     }
     /// Bytes it allows over `window` from now: what it holds plus what it earns meanwhile.
     fn over(&mut self, window: Nanos, now: Nanos) -> u64 {
@@ -122,20 +136,32 @@ impl TokenBucket {
 pub struct MoveLimits {
     global: [TokenBucket; 2],
     per_vm: BTreeMap<VmId, [TokenBucket; 2]>,
+    burst_s: u64,
 }
 
-fn pair(promote_mbps: u64, demote_mbps: u64, now: Nanos) -> [TokenBucket; 2] {
+fn pair(promote_mbps: u64, demote_mbps: u64, burst_s: u64, now: Nanos) -> [TokenBucket; 2] {
     [
-        TokenBucket::new(promote_mbps, now),
-        TokenBucket::new(demote_mbps, now),
+        TokenBucket::new(promote_mbps, burst_s, now),
+        TokenBucket::new(demote_mbps, burst_s, now),
     ]
 }
 
 impl MoveLimits {
-    pub fn new(promote_mbps: u64, demote_mbps: u64, now: Nanos) -> MoveLimits {
+    /// Global limits in MB/s per direction (0 = unlimited); every bucket, the VMs' too, holds
+    /// `burst_s` seconds of its rate.
+    pub fn new(promote_mbps: u64, demote_mbps: u64, burst_s: u64, now: Nanos) -> MoveLimits {
         MoveLimits {
-            global: pair(promote_mbps, demote_mbps, now),
+            global: pair(promote_mbps, demote_mbps, burst_s, now),
             per_vm: BTreeMap::new(),
+            burst_s,
+        }
+    }
+    /// Every bucket's burst, the VMs' too (a reload).
+    pub fn set_burst_s(&mut self, burst_s: u64, now: Nanos) {
+        self.burst_s = burst_s;
+        let vms = self.per_vm.values_mut().flatten();
+        for b in self.global.iter_mut().chain(vms) {
+            b.set_burst_s(burst_s, now);
         }
     }
     pub fn set_global(&mut self, promote_mbps: u64, demote_mbps: u64, now: Nanos) {
@@ -149,7 +175,8 @@ impl MoveLimits {
                 b[1].set_rate(demote_mbps, now);
             }
             None => {
-                self.per_vm.insert(vm, pair(promote_mbps, demote_mbps, now));
+                let b = pair(promote_mbps, demote_mbps, self.burst_s, now);
+                self.per_vm.insert(vm, b);
             }
         }
     }
@@ -214,7 +241,7 @@ mod tests {
     #[test]
     fn bucket_rates_and_debt() {
         let t0 = Nanos(5 * S);
-        let mut b = TokenBucket::new(1, t0); // 1 MB/s, burst 1 MB
+        let mut b = TokenBucket::new(1, 1, t0); // 1 MB/s, burst 1 MB
         assert_eq!(b.available(t0), 1_000_000);
         assert_eq!(b.take(500_000, t0), Nanos(0));
         // 1.5 MB more: 1 MB of debt = 1 s wait.
@@ -223,7 +250,7 @@ mod tests {
         assert_eq!(b.available(Nanos(8 * S)), 1_000_000);
         // A clock read earlier than the last one earns nothing and loses nothing.
         assert_eq!(b.available(Nanos(7 * S)), 1_000_000);
-        let mut u = TokenBucket::new(0, t0);
+        let mut u = TokenBucket::new(0, 8, t0);
         assert_eq!(u.take(u64::MAX, t0), Nanos(0));
         assert_eq!(u.available(t0), u64::MAX);
     }
@@ -231,7 +258,7 @@ mod tests {
     #[test]
     fn limits_take_the_stricter_of_global_and_vm() {
         let t0 = Nanos(0);
-        let mut l = MoveLimits::new(100, 0, t0);
+        let mut l = MoveLimits::new(100, 0, 1, t0);
         l.set_vm(VmId(1), 1, 0, t0);
         assert_eq!(l.take(VmId(1), Direction::Promote, 1_000_000, t0), Nanos(0));
         let w = l.take(VmId(1), Direction::Promote, 1_000_000, t0);
@@ -241,12 +268,33 @@ mod tests {
         assert_eq!(l.take(VmId(2), Direction::Promote, 1_000_000, t0), Nanos(0));
         assert!(!l.vm_throttled(VmId(2), Direction::Promote, 1, t0));
         assert_eq!(l.budget(Nanos(S), t0), None, "demote unlimited");
-        let mut l2 = MoveLimits::new(10, 10, t0);
+        let mut l2 = MoveLimits::new(10, 10, 1, t0);
         assert_eq!(l2.budget(Nanos(S), t0), Some(40_000_000));
         // The allowance of a VM with its own limit: what is left now plus one window of rate.
         let (_, a) = l.round_inputs(Nanos(S), t0);
         assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&1_000_000));
         assert_eq!(a.get(&(VmId(1), Direction::Demote)), None, "unlimited");
         assert_eq!(a.get(&(VmId(2), Direction::Promote)), None, "no own limit");
+    }
+
+    /// A bucket holding `burst_s` seconds lets a batch that size through at once, and a VM that
+    /// keeps moving is held to the rate once that is spent.
+    #[test]
+    fn a_burst_moves_at_once_and_the_rate_holds_over_time() {
+        let t0 = Nanos(0);
+        let mut l = MoveLimits::new(0, 0, 8, t0);
+        l.set_vm(VmId(1), 1, 1, t0);
+        assert_eq!(l.take(VmId(1), Direction::Promote, 8_000_000, t0), Nanos(0));
+        assert!(l.vm_throttled(VmId(1), Direction::Promote, 1, t0));
+        // Moving on at 2 MB a second: after 100 s the wait says it ran at 1 MB/s since the burst.
+        let mut wait = Nanos(0);
+        for s in 1..=100 {
+            wait = l.take(VmId(1), Direction::Promote, 2_000_000, Nanos(s * S));
+        }
+        assert_eq!(wait, Nanos(100 * S));
+        // Idle long enough, it holds a whole burst again and no more.
+        let later = Nanos(1000 * S);
+        let (_, a) = l.round_inputs(Nanos(S), later);
+        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&9_000_000));
     }
 }

@@ -35,7 +35,9 @@ pub struct EngineParams {
     pub reserve_fraction: f64,
     /// Lower bound of the reserve in bytes (one 2 MiB unit by default).
     pub reserve_min_bytes: u64,
-    /// Bytes the plan of one round may move, promotions plus demotions.
+    /// Bytes the plan of one round may move, promotions plus demotions: enough for a hot set of
+    /// a few GiB that jumps to move in a round or two, as the move limits' burst allows; the
+    /// limits, not this, bound what a VM moves over time.
     pub round_budget_bytes: u64,
     /// Each VM's first claim on a round's budget, as a share of it: a guest that flips its hot
     /// set every round cannot take the moves the others need. What they leave goes to the VMs
@@ -56,7 +58,7 @@ impl Default for EngineParams {
             hysteresis: 1.07,
             reserve_fraction: 0.0,
             reserve_min_bytes: 2 << 20,
-            round_budget_bytes: 256 << 20,
+            round_budget_bytes: 2 << 30,
             vm_round_share: 0.25,
         }
     }

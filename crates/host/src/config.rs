@@ -323,6 +323,8 @@ mod bound {
     pub const MIB: u64 = 1 << 30;
     /// A rate limit in MB/s (1 TB/s).
     pub const MBPS: u64 = 1_000_000;
+    /// An hour of a limit's rate at once.
+    pub const BURST_S: u64 = 3_600;
     /// An interval or back-off, ms (one hour).
     pub const INTERVAL_MS: u64 = 3_600_000;
     /// A wait inside a round, ms: the QMP timeout (one minute), a busy-page retry (one second).
@@ -344,6 +346,8 @@ pub struct MoverConfig {
     /// a guest that flips its hot set every round takes at most a quarter of each round's moves.
     pub vm_promote_mbps: u64,
     pub vm_demote_mbps: u64,
+    /// Seconds of its rate each limit lets through at once (`RoundLimits::burst_s`).
+    pub burst_s: u64,
     /// Times a busy page (EBUSY/EAGAIN) is retried within a round before it is left for later.
     pub busy_retries: u32,
     /// Pause before retrying busy pages.
@@ -367,6 +371,7 @@ impl Default for MoverConfig {
             demote_mbps: RoundLimits::DEFAULT.demote_mbps,
             vm_promote_mbps: RoundLimits::DEFAULT.vm_promote_mbps,
             vm_demote_mbps: RoundLimits::DEFAULT.vm_demote_mbps,
+            burst_s: RoundLimits::DEFAULT.burst_s,
             busy_retries: 2,
             busy_retry_delay_ms: 5,
             move_all: false,
@@ -584,6 +589,7 @@ impl Config {
             ("mover.demote_mbps", m.demote_mbps, 0, bound::MBPS),
             ("mover.vm_promote_mbps", m.vm_promote_mbps, 0, bound::MBPS),
             ("mover.vm_demote_mbps", m.vm_demote_mbps, 0, bound::MBPS),
+            ("mover.burst_s", m.burst_s, 1, bound::BURST_S),
             (
                 "mover.busy_retry_delay_ms",
                 m.busy_retry_delay_ms,

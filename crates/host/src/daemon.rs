@@ -105,7 +105,7 @@ fn start_mover(cfg: &Config, topo: &HostTopology) -> Mover {
     Mover::start(
         &nodes,
         settings,
-        Limits::new(m.promote_mbps, m.demote_mbps, Instant::now()),
+        Limits::new(m.promote_mbps, m.demote_mbps, m.burst_s, Instant::now()),
     )
 }
 
@@ -943,6 +943,7 @@ impl Daemon {
         {
             let now = Instant::now();
             let mut l = self.mover.limits.lock().unwrap_or_else(|e| e.into_inner());
+            l.set_burst_s(cfg.mover.burst_s, now);
             l.set_global(cfg.mover.promote_mbps, cfg.mover.demote_mbps, now);
             for (id, s) in &settings {
                 l.set_vm(*id, s.promote_mbps, s.demote_mbps, now);

@@ -501,7 +501,7 @@ mod tests {
     #[test]
     fn a_throttled_vm_does_not_hold_back_others() {
         let t0 = Instant::now();
-        let limits = Mutex::new(Limits::new(0, 0, t0));
+        let limits = Mutex::new(Limits::new(0, 0, 1, t0));
         limits.lock().unwrap().set_vm(VmId(1), 1, 1, t0);
         // VM 1 spends its burst.
         let _ = limits
@@ -568,7 +568,7 @@ mod tests {
                 (NodeId(2), vec![0]),
             ],
             settings,
-            Limits::new(0, 0, Instant::now()),
+            Limits::new(0, 0, 1, Instant::now()),
         );
         let moves = vec![
             mv(1, 0, 6, 1, MoveKind::Promote, Phase::Promote),

@@ -12,14 +12,18 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn new(promote_mbps: u64, demote_mbps: u64, now: Instant) -> Limits {
+    pub fn new(promote_mbps: u64, demote_mbps: u64, burst_s: u64, now: Instant) -> Limits {
         Limits {
             epoch: now,
-            inner: MoveLimits::new(promote_mbps, demote_mbps, Nanos(0)),
+            inner: MoveLimits::new(promote_mbps, demote_mbps, burst_s, Nanos(0)),
         }
     }
     fn at(&self, t: Instant) -> Nanos {
         Nanos(t.saturating_duration_since(self.epoch).as_nanos() as u64)
+    }
+    pub fn set_burst_s(&mut self, burst_s: u64, now: Instant) {
+        let now = self.at(now);
+        self.inner.set_burst_s(burst_s, now);
     }
     pub fn set_global(&mut self, promote_mbps: u64, demote_mbps: u64, now: Instant) {
         let now = self.at(now);
@@ -60,7 +64,7 @@ mod tests {
     #[test]
     fn waits_follow_the_daemon_clock() {
         let t0 = Instant::now();
-        let mut l = Limits::new(100, 0, t0);
+        let mut l = Limits::new(100, 0, 1, t0);
         l.set_vm(VmId(1), 1, 0, t0);
         assert_eq!(
             l.take(VmId(1), Direction::Promote, 1_000_000, t0),
