@@ -1521,6 +1521,8 @@ mod tests {
             ("[mover]\npromote_mbps = 9223372036854775807\n", "mover.promote_mbps"),
             ("[mover]\nvm_demote_mbps = 2000000\n", "mover.vm_demote_mbps"),
             ("[mover]\nreconcile_sweep_s = 0\n", "mover.reconcile_sweep_s"),
+            ("[mover]\nburst_s = 0\n", "mover.burst_s"),
+            ("[mover]\nburst_s = 3601\n", "mover.burst_s"),
             ("[topology]\nmin_free_mib = 9223372036854775807\n", "topology.min_free_mib"),
             ("[pool]\nfast_mib = 9223372036854775807\n", "pool.fast_mib"),
             (
