@@ -92,6 +92,10 @@ pub struct RunArgs {
     /// costs the emulated host a channel read and decode a second.
     #[arg(long)]
     pub capture_levels: bool,
+    /// Host transparent huge pages in the emulated host: `default` leaves the kernel's setting
+    /// (Debian's: always) and QEMU's use of it; `never` backs guest RAM with 4 KiB host pages.
+    #[arg(long, default_value = "never", value_parser = ["default", "never"])]
+    pub host_thp: String,
 }
 
 pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
@@ -138,6 +142,7 @@ pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {
         check: r.check,
         accel: r.accel,
         capture_levels: r.capture_levels,
+        host_thp: r.host_thp,
     })?;
     if ok {
         Ok(())

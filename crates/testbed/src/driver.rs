@@ -16,6 +16,8 @@ pub struct RunOptions {
     pub accel: String,
     /// The probe records the guest's published levels (`--capture-levels`).
     pub capture_levels: bool,
+    /// `default` or `never` (`--host-thp`).
+    pub host_thp: String,
 }
 
 pub fn run(o: RunOptions) -> anyhow::Result<bool> {
@@ -31,6 +33,7 @@ pub fn run(o: RunOptions) -> anyhow::Result<bool> {
         ("GUEST_KERNEL", images.guest_kernel.clone()),
         ("GUEST_INITRD", images.guest_initrd.clone()),
         ("CAPTURE_LEVELS", u8::from(o.capture_levels).to_string()),
+        ("HOST_THP", o.host_thp.clone()),
     ];
     std::fs::write(out.join("testbed.env"), o.settings.to_env(&extra))?;
     let _ = std::fs::remove_file(out.join("samples.jsonl"));

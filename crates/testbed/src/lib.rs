@@ -11,6 +11,7 @@ pub mod cli;
 mod driver;
 pub mod emulated_host;
 pub mod guest_console;
+mod host_blocks;
 pub mod placement;
 mod probe;
 mod report;

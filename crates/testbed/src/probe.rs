@@ -4,6 +4,7 @@
 //! reports (control socket). Writes one [`Sample`] per period and a "TB ..." progress line.
 
 use crate::guest_console::{ConsoleTail, GupsTruth};
+use crate::host_blocks;
 use crate::placement::GuestRam;
 use crate::report::{Phase, PublishedLevels, Sample};
 use crate::settings::Settings;
@@ -173,6 +174,16 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
                     GupsTruth::frames(&con.truth.cold),
                     settings.control_s
                 );
+                let room = (settings.quota_mib / 2).saturating_sub(1) as usize;
+                println!(
+                    "TB {}",
+                    host_blocks::describe("hot set", &con.truth.hot, room)
+                );
+                if !con.truth.next.is_empty() {
+                    let next =
+                        host_blocks::describe("the hot set after the move", &con.truth.next, room);
+                    println!("TB {next}");
+                }
                 layout_ = Some(layout(&a.qmp, &con)?);
                 ready_at = Some(Instant::now());
             } else if waited >= settings.boot_limit_s {
