@@ -155,6 +155,8 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
     let mut last_note = 0u64;
     // The workload's last report (its clock, ms) and when it came (the probe's clock, s).
     let mut last_report: (Option<u64>, f64) = (None, 0.0);
+    // frames on DRAM per host block at the last sample with levels (--capture-levels)
+    let mut blocks_before = std::collections::BTreeMap::new();
     let period = Duration::from_millis(a.period_ms);
     loop {
         std::thread::sleep(period);
@@ -265,7 +267,7 @@ pub fn probe(a: ProbeArgs) -> anyhow::Result<()> {
             levels: a
                 .channel
                 .as_deref()
-                .and_then(|c| published_levels(c, l, &nodes, &a.dram_nodes)),
+                .and_then(|c| published_levels(c, l, &nodes, &a.dram_nodes, &mut blocks_before)),
             placement_settled: Some(settled),
             left_out: st
                 .as_ref()
@@ -388,9 +390,19 @@ fn published_levels(
     l: &Layout,
     nodes: &[i32],
     dram: &[i32],
+    blocks_before: &mut std::collections::BTreeMap<u64, u16>,
 ) -> Option<PublishedLevels> {
     let (round, lv) = frame_levels(channel, &l.ram)?;
     let hot: std::collections::HashSet<usize> = l.hot.iter().copied().collect();
+    let (blocks_now, moved_blocks) = host_blocks::moved_blocks(
+        lv.len(),
+        |i| l.ram.hva(i).map(|h| h.0),
+        |i| dram.contains(&nodes[i]),
+        &lv,
+        &hot,
+        blocks_before,
+    );
+    *blocks_before = blocks_now;
     let old: std::collections::HashSet<usize> = l.old_hot.iter().copied().collect();
     let on_dram = |i: usize| dram.contains(&nodes[i]);
     let others: Vec<usize> = (0..lv.len())
@@ -422,6 +434,7 @@ fn published_levels(
         dram_others_old_hot: others.iter().filter(|i| old.contains(i)).count() as u64,
         dram_others_median: median(others.iter().map(|&i| lv[i]).collect()),
         off_dram_top512: outside.get(511).copied().unwrap_or(0),
+        moved_blocks,
     })
 }
 

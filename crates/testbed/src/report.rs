@@ -108,6 +108,9 @@ pub struct PublishedLevels {
     /// The 512th highest level among frames neither on DRAM nor in the hot set: what a 2 MiB
     /// region of the hot set competes with.
     pub off_dram_top512: u8,
+    /// Host blocks that changed tier since the last sample, with their levels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moved_blocks: Vec<crate::host_blocks::MovedBlock>,
 }
 
 impl Sample {
