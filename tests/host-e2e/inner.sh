@@ -462,6 +462,22 @@ if wait $QUOTA; then pass "quota: $(tail -1 "$OUT/quota-a.log")"; else fail "quo
 check "ctl status: table lists vm-a" bash -c "$BIN ctl --socket $W/ctl.sock status | tee /dev/stderr | grep -q '^vm-a '"
 check "metrics: per-VM, per-node and daemon CPU series" bash -c "$H get $METRICS /metrics | grep -c -E '^(vtism_vm_resident_bytes|vtism_node_vm_resident_bytes|vtism_process_cpu_seconds_total|vtism_mover_queue_depth|vtism_vm_hot_set_bytes)' | grep -qv '^0$' && echo ok"
 
+# The kernel's own tiering beside vtismd (docs/host.md, "The kernel's own tiering"): reported as
+# the kernel has it, and a change seen at the next re-read (10 s), warned of, in the status and
+# the metrics. The emulated host is this test's own; its setting is put back.
+nb0=$(cat /proc/sys/kernel/numa_balancing)
+kt_is() { [ "$(status_json | python3 -c "import json,sys; print(json.load(sys.stdin)['daemon']['kernel_tiering']['numa_balancing'])")" = "$1" ] && echo "numa_balancing $1"; }
+check "kernel tiering: ctl status says kernel.numa_balancing=$nb0, as the kernel has it" kt_is "$nb0"
+nb1=$((nb0 == 2 ? 0 : 2))
+echo $nb1 >/proc/sys/kernel/numa_balancing
+check "kernel tiering: kernel.numa_balancing set to $nb1 is seen within 15 s" wait_for 15 kt_is $nb1
+echo 2 >/proc/sys/kernel/numa_balancing
+check "kernel tiering: NUMA balancing's tiering mode is warned of in the log, ctl status and the metrics" \
+	wait_for 15 bash -c "grep -q 'NUMA balancing is on and moves guest pages too' '$OUT/vtismd.log' &&
+		$BIN ctl --socket $W/ctl.sock status | grep -q '^kernel NUMA balancing: on (kernel.numa_balancing=2)' &&
+		$H get $METRICS /metrics | grep -q '^vtism_host_numa_balancing 2\$' && echo warned"
+echo "$nb0" >/proc/sys/kernel/numa_balancing
+
 # SIGHUP reload: a new quota for vm-a.
 write_config 48 2
 kill -HUP "$(cat $W/vtismd.pid)"

@@ -265,6 +265,13 @@ pub fn status_table(v: &serde_json::Value) -> String {
                 .map_or(String::new(), |r| format!(": {r}"))
         ));
     }
+    let kt = &d["kernel_tiering"];
+    if let Some(mode) = kt["numa_balancing"].as_u64().filter(|&m| m != 0) {
+        out.push_str(&format!(
+            "kernel NUMA balancing: on (kernel.numa_balancing={mode}): it moves guest pages too, \
+             against vtismd's placement; set it to 0\n"
+        ));
+    }
     let vms: Vec<&serde_json::Value> = v["vms"].as_array().into_iter().flatten().collect();
     if vms.iter().any(|vm| !vm["quota_min_bytes"].is_null()) {
         out.push_str(&format!(

@@ -12,6 +12,7 @@ use crate::channels::Channels;
 use crate::config::{Config, HostTrackingMode, NotManaged, PoolModeConfig};
 use crate::discovery::{Discovery, Found};
 use crate::host_tracking::{self, HostTracking, TrackedVm};
+use crate::kernel_tiering::KernelTieringWatch;
 use crate::metrics::{
     reason_label, DaemonStatus, LeftOut, MoverHistograms, NodeStatus, PerDirection, PoolStatus,
     Published, QuotaChangeStatus, Status, TrackerStatus, VmStatus,
@@ -62,6 +63,8 @@ pub struct Daemon {
     channels: Channels,
     /// DAMON on the host, for VMs without a tracker.
     host_tracking: HostTracking,
+    /// The kernel's NUMA balancing and demotion, which move guest pages too.
+    kernel_tiering: KernelTieringWatch,
     reconcile: Reconcile,
     mover: Mover,
     moved: MoveTotals,
@@ -162,6 +165,7 @@ impl Daemon {
             registry: Registry::default(),
             channels: Channels::default(),
             host_tracking,
+            kernel_tiering: KernelTieringWatch::start(PathBuf::from("/")),
             reconcile: Reconcile::default(),
             mover,
             moved: MoveTotals::default(),
@@ -271,6 +275,7 @@ impl Daemon {
         self.totals.rounds += 1;
         self.serve_requests();
         self.rules.refresh();
+        self.kernel_tiering.refresh(t0);
         self.discovery
             .scan(&self.cfg, self.rules.get(), &self.registry.sockets());
         for found in self.discovery.finished() {
@@ -1139,6 +1144,7 @@ impl Daemon {
                 self.cfg.mover.demote_mbps,
             ),
             host_kdamond: self.host_tracking.status(),
+            kernel_tiering: self.kernel_tiering.get(),
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod daemon;
 pub mod discovery;
 pub mod greeter;
 pub mod host_tracking;
+pub mod kernel_tiering;
 pub mod metrics;
 pub mod metrics_endpoint;
 pub mod mover;

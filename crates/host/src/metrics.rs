@@ -5,6 +5,7 @@
 
 use crate::backing::BackingSummary;
 use crate::host_tracking::{KdamondStatus, VmHostTracking};
+use crate::kernel_tiering::KernelTiering;
 use crate::mover::JobReport;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -89,6 +90,8 @@ pub struct DaemonStatus {
     pub move_limit_bytes_per_second: PerDirection,
     /// The host kdamond of host-side tracking.
     pub host_kdamond: KdamondStatus,
+    /// The kernel's NUMA balancing and demotion settings (`kernel_tiering`).
+    pub kernel_tiering: KernelTiering,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -854,6 +857,22 @@ impl DaemonStatus {
             vec![],
             self.host_kdamond.reports,
         );
+        if let Some(mode) = self.kernel_tiering.numa_balancing {
+            f.gauge(
+                "vtism_host_numa_balancing",
+                "kernel.numa_balancing (0: off; other values move guest pages against vtismd's placement).",
+                vec![],
+                u64::from(mode),
+            );
+        }
+        if let Some(on) = self.kernel_tiering.demotion_enabled {
+            f.gauge(
+                "vtism_host_kernel_demotion_enabled",
+                "1 if reclaim demotes pages to slower nodes (/sys/kernel/mm/numa/demotion_enabled).",
+                vec![],
+                u64::from(on),
+            );
+        }
         f.counter(
             "vtism_process_cpu_seconds",
             "Daemon CPU time (user + system).",
@@ -992,6 +1011,10 @@ mod tests {
                 rounds: 7,
                 cpu_seconds: 0.25,
                 mover_busy: true,
+                kernel_tiering: KernelTiering {
+                    numa_balancing: Some(2),
+                    demotion_enabled: None,
+                },
                 ..Default::default()
             },
             pool: PoolStatus {
@@ -1069,6 +1092,11 @@ mod tests {
         );
         assert!(t.contains("vtism_process_cpu_seconds_total 0.25\n"), "{t}");
         assert!(t.contains("vtism_mover_busy 1\n"), "{t}");
+        assert!(t.contains("vtism_host_numa_balancing 2\n"), "{t}");
+        assert!(
+            !t.contains("vtism_host_kernel_demotion_enabled"),
+            "not readable, no sample: {t}"
+        );
         assert!(t.contains("vtism_pool_mode{mode=\"pool\"} 1\n"), "{t}");
         assert!(t.contains("vtism_node_tier{node=\"2\"} 1\n"), "{t}");
         assert!(
