@@ -94,8 +94,27 @@ pub struct RunArgs {
     pub capture_levels: bool,
     /// Host transparent huge pages in the emulated host: `default` leaves the kernel's setting
     /// (Debian's: always) and QEMU's use of it; `never` backs guest RAM with 4 KiB host pages.
-    #[arg(long, default_value = "never", value_parser = ["default", "never"])]
-    pub host_thp: String,
+    #[arg(long, value_enum, default_value_t = HostThp::Never)]
+    pub host_thp: HostThp,
+}
+
+/// What the emulated host does with transparent huge pages (`--host-thp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostThp {
+    /// The kernel's own setting.
+    Default,
+    /// `never`: guest RAM on 4 KiB host pages.
+    Never,
+}
+
+impl HostThp {
+    /// The value testbed/inner.sh reads (`HOST_THP`).
+    pub fn env_value(self) -> &'static str {
+        match self {
+            HostThp::Default => "default",
+            HostThp::Never => "never",
+        }
+    }
 }
 
 pub fn testbed_main(a: TestbedArgs) -> anyhow::Result<()> {

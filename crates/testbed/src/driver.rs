@@ -1,6 +1,7 @@
 //! The driver: prepares the images (testbed/prepare.sh), boots the emulated host under QEMU,
 //! streams its progress lines, and reports from the probe's samples.
 
+use crate::cli::HostThp;
 use crate::emulated_host::{self, pick_accel};
 use crate::report;
 use crate::settings::Settings;
@@ -16,8 +17,7 @@ pub struct RunOptions {
     pub accel: String,
     /// The probe records the guest's published levels (`--capture-levels`).
     pub capture_levels: bool,
-    /// `default` or `never` (`--host-thp`).
-    pub host_thp: String,
+    pub host_thp: HostThp,
 }
 
 pub fn run(o: RunOptions) -> anyhow::Result<bool> {
@@ -33,7 +33,7 @@ pub fn run(o: RunOptions) -> anyhow::Result<bool> {
         ("GUEST_KERNEL", images.guest_kernel.clone()),
         ("GUEST_INITRD", images.guest_initrd.clone()),
         ("CAPTURE_LEVELS", u8::from(o.capture_levels).to_string()),
-        ("HOST_THP", o.host_thp.clone()),
+        ("HOST_THP", o.host_thp.env_value().to_string()),
     ];
     std::fs::write(out.join("testbed.env"), o.settings.to_env(&extra))?;
     let _ = std::fs::remove_file(out.join("samples.jsonl"));

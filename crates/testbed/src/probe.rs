@@ -394,17 +394,17 @@ fn published_levels(
 ) -> Option<PublishedLevels> {
     let (round, lv) = frame_levels(channel, &l.ram)?;
     let hot: std::collections::HashSet<usize> = l.hot.iter().copied().collect();
+    let on_dram = |i: usize| dram.contains(&nodes[i]);
     let (blocks_now, moved_blocks) = host_blocks::moved_blocks(
         lv.len(),
         |i| l.ram.hva(i).map(|h| h.0),
-        |i| dram.contains(&nodes[i]),
+        on_dram,
         &lv,
         &hot,
         blocks_before,
     );
     *blocks_before = blocks_now;
     let old: std::collections::HashSet<usize> = l.old_hot.iter().copied().collect();
-    let on_dram = |i: usize| dram.contains(&nodes[i]);
     let others: Vec<usize> = (0..lv.len())
         .filter(|&i| on_dram(i) && !hot.contains(&i))
         .collect();
