@@ -38,8 +38,9 @@ build-release: deps
 demo: deps-demo build-release
 	@echo "== vtism demo: vtismd, a guest with vtism_guest.ko and a GUPS workload, in an emulated"
 	@echo "   host with two DRAM and two CXL nodes. Without KVM this takes a quarter of an hour or"
-	@echo "   more (the nested guest boots in minutes under TCG inside TCG). Results: build/testbed/runs/."
-	$(RELEASE_BIN) testbed --profile demo
+	@echo "   more (the nested guest boots in minutes under TCG inside TCG). Host THP as the kernel"
+	@echo "   sets it, as on a stock host. Results: build/testbed/runs/."
+	$(RELEASE_BIN) testbed --profile demo --host-thp default
 
 # The engine alone on a synthetic guest through a real channel region (seconds).
 demo-engine: build-release
