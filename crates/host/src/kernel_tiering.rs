@@ -109,8 +109,9 @@ fn report(before: Option<&KernelTiering>, now: &KernelTiering) {
             mode = now.balancing_label(),
             demotion_enabled = now.demotion_enabled,
             "{what}: NUMA balancing is on and moves guest pages too, against vtismd's placement \
-             and quotas (vtismd moves them back at its placement sweep); set \
-             kernel.numa_balancing=0 on hosts where vtismd places guest memory"
+             and quotas (vtismd moves them back at its placement sweep; guest RAM bound to \
+             nodes is not scanned); set kernel.numa_balancing=0 on hosts where vtismd places \
+             guest memory"
         );
     } else {
         info!(
