@@ -99,7 +99,8 @@ pub struct VmPlanStats {
     pub refill_frames: u64,
     /// Hot-set frames left on slow memory because the round's budget ran out.
     pub deferred_by_budget: u64,
-    /// Hot-set frames left on slow memory because no fast frame was colder by the hysteresis margin.
+    /// Hot-set frames left on slow memory because no fast frame was colder by the hysteresis
+    /// margin, or because they are below the hot-set mark and the quota has no free room.
     pub held_by_hysteresis: u64,
     /// Hot-set frames left on slow memory because they were demoted lately, have not risen
     /// since, and the room they need is held by units promoted lately (`recent_moves`).

@@ -69,6 +69,9 @@ struct VmState {
     round: u64,
     /// What the counts of the last round meant.
     counts: CountMeaning,
+    /// The last round was host-side tracking's (DAMON's accesses within one aggregation), whose
+    /// counts say how often, not for how many rounds, a frame was seen.
+    host_observed: bool,
     /// Frames the last rate-level round said were read at least `hot_set_min_rate_hz`, and its
     /// frames per rate level.
     hot_rate_frames: u64,
@@ -291,6 +294,8 @@ struct Unit {
     key: Key,
     frames: u32,
     span: u32,
+    /// Hinted in the last `FORGET_AGE` rounds (`FrameState::seen`).
+    seen: bool,
 }
 
 /// Pass 2 of a VM's plan: promotion candidates (slow units) and victims (fast units) under
@@ -317,6 +322,9 @@ impl UnitPass<'_> {
             units,
         } = self;
         let n = v.frames.len();
+        // Cold fast units seen lately are collected under caps of their own, as many again: a
+        // lukewarm candidate may displace only the unseen ones, which must not be crowded out.
+        let mut seen_cold = [caps[1][0], caps[1][1]];
         let mut i = 0;
         let mut held = v.held.iter().peekable();
         let mut pinned = v.pinned.iter().peekable();
@@ -335,9 +343,13 @@ impl UnitPass<'_> {
             if node != NODE_UNKNOWN && !never_moved && (!never_promoted || is_fast[node as usize]) {
                 let k = tables.key(s, r) as usize;
                 let head_fast = is_fast[node as usize];
-                let caps = &mut *caps[head_fast as usize];
-                if caps[k] > 0 {
-                    caps[k] = caps[k].saturating_sub(w as u64);
+                let cap = if head_fast && key_level(k as Key).is_none() && s.seen() {
+                    &mut seen_cold[k]
+                } else {
+                    &mut caps[head_fast as usize][k]
+                };
+                if *cap > 0 {
+                    *cap = cap.saturating_sub(w as u64);
                     let mut moving = 0;
                     if w == 1 {
                         moving = 1;
@@ -354,6 +366,7 @@ impl UnitPass<'_> {
                         key: k as Key,
                         frames: moving,
                         span: w as u32,
+                        seen: s.seen(),
                     });
                 }
             }
@@ -921,6 +934,11 @@ impl VtismPolicy {
         // Bucket order: stable counting sort by key (hottest first / coldest first).
         counting_sort(&mut proms, true);
         counting_sort(&mut victs, false);
+        // Among cold victims, those not seen lately first: a lukewarm candidate may take only them.
+        let files = victs.partition_point(|u| u.key == key_of(None, false));
+        let cold = victs.partition_point(|u| key_level(u.key).is_none());
+        unseen_first(&mut victs[..files]);
+        unseen_first(&mut victs[files..cold]);
 
         let spec_id = v.spec.id;
         let rates = v.counts == CountMeaning::RateLevel;
@@ -970,6 +988,18 @@ impl VtismPolicy {
         }
 
         let hyst = tables.hysteresis_levels as u16;
+        // Below the hot-set mark a unit is lukewarm: it may take free room or the place of memory
+        // the guest has not touched lately (first touch), never a place the guest's accesses
+        // earned (HMM-V exchanges hot pages only). Lukewarm levels are noise-dominated (DAMON's
+        // region edges, a page touched every 30 s) and would otherwise trade places forever.
+        let hot_mark = tables.hot_set_level[v.counts as usize] as u16;
+        // A guest's count of rounds seen is itself persistence: a unit it saw in half its last
+        // windows (HMM-V's degree above 3) is hot now, whatever its score has had time to reach.
+        let hot_now_degree =
+            (v.counts == CountMeaning::RoundsSeen && !v.host_observed).then(|| {
+                let c = tables.hot_count(CountMeaning::RoundsSeen);
+                tables.degree(CountMeaning::RoundsSeen, c, false)
+            });
         let mut pi = proms.into_iter();
         while let Some(p) = pi.next() {
             let pf = p.frames as u64;
@@ -991,11 +1021,20 @@ impl VtismPolicy {
             let mut picked: Vec<(Unit, NodeId, NodeId)> = Vec::new();
             let mut freed = 0i64;
             let mut held = false;
+            let lukewarm = !matches!(key_level(p.key), Some(l) if l >= hot_mark)
+                && !hot_now_degree.is_some_and(|d| {
+                    let s = v.frames.get(p.idx as usize);
+                    s.seen() && s.stamp() == r && s.last_degree() >= d
+                });
             while slack + freed < pf as i64 {
                 let Some(&vu) = victs.get(vn) else {
                     held = true;
                     break;
                 };
+                if lukewarm && vu.seen {
+                    held = true;
+                    break;
+                }
                 let level = |k: Key| key_level(k).map_or(-1, |l| l as i32);
                 if level(vu.key) + hyst as i32 > level(p.key) || vu.key >= p.key {
                     held = true;
@@ -1208,6 +1247,22 @@ fn would_displace_just_promoted(victs: &[Unit], need: i64, recent: &RecentMoves)
     false
 }
 
+/// Stable partition, in O(n): units not seen lately, then the others.
+fn unseen_first(units: &mut [Unit]) {
+    let mut seen = Vec::new();
+    let mut w = 0;
+    for i in 0..units.len() {
+        let u = units[i];
+        if u.seen {
+            seen.push(u);
+        } else {
+            units[w] = u;
+            w += 1;
+        }
+    }
+    units[w..].copy_from_slice(&seen);
+}
+
 /// The degree of a unit's last hint (its head's: a 2 MiB unit is hinted as one).
 fn unit_degree(v: &VmState, u: &Unit) -> u32 {
     v.frames.get(u.idx as usize).last_degree()
@@ -1263,7 +1318,8 @@ fn counting_sort(units: &mut Vec<Unit>, descending: bool) {
             idx: 0,
             key: 0,
             frames: 0,
-            span: 0
+            span: 0,
+            seen: false,
         };
         units.len()
     ];
@@ -1330,6 +1386,7 @@ impl Policy for VtismPolicy {
             spec,
             round: 0,
             counts: CountMeaning::RoundsSeen,
+            host_observed: false,
             hot_rate_frames: 0,
             rate_frames: Box::new([0; 256]),
             maint_cursor: 0,
@@ -1374,6 +1431,7 @@ impl Policy for VtismPolicy {
         let scratch = &mut self.ingest_scratch;
         let v = &mut self.vms[p];
         v.last_observed = Some(now);
+        v.host_observed = matches!(obs, Observation::Accesses(_));
         v.fit_frame_table();
         let access_entries: Vec<HintEntry>;
         let (entries, counts) = match obs {

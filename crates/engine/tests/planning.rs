@@ -73,6 +73,48 @@ fn steady_workload_converges_and_stops_moving() {
 }
 
 #[test]
+fn lukewarm_frames_take_free_room_but_never_displace() {
+    // Quota 2048 frames (512 of them the reserve): the hot set (1000 frames) leaves room that
+    // lukewarm frames (count 2: score 8, below the hot-set mark of 16) fill. Other lukewarm frames
+    // hinted later take what room is left and displace nothing; once they are hot, they do.
+    let frames = 4_096;
+    let mut w = World::new(frames, 2_048, EngineParams::default(), 0);
+    let hint = |range: std::ops::Range<u64>, count: u32| {
+        range.map(move |i| HintEntry::new(Gfn(i), count, false, PageType::Anon, false, true))
+    };
+    let fast =
+        |w: &World, range: std::ops::Range<usize>| range.filter(|&i| w.truth[i] == FAST).count();
+    for _ in 0..10 {
+        let h: Vec<HintEntry> = hint(0..1000, 8).chain(hint(2000..2500, 2)).collect();
+        w.step(&h);
+    }
+    assert_eq!(fast(&w, 0..1000), 1000);
+    assert_eq!(fast(&w, 2000..2500), 500, "lukewarm frames fill free room");
+    let room = 1536 - w.fast_frames() as usize;
+    for _ in 0..30 {
+        let h: Vec<HintEntry> = hint(0..1000, 8).chain(hint(3000..3500, 2)).collect();
+        let p = w.step(&h);
+        assert!(
+            p.moves.iter().all(|m| m.kind != MoveKind::Demote),
+            "a lukewarm frame displaced another: {:?}",
+            p.stats
+        );
+    }
+    assert_eq!(fast(&w, 2000..2500), 500);
+    assert_eq!(fast(&w, 3000..3500), room, "only the free room was taken");
+    for _ in 0..10 {
+        let h: Vec<HintEntry> = hint(0..1000, 8).chain(hint(3000..3500, 8)).collect();
+        w.step(&h);
+    }
+    assert_eq!(
+        fast(&w, 3000..3500),
+        500,
+        "hot frames displace lukewarm ones"
+    );
+    assert_eq!(fast(&w, 0..1000), 1000);
+}
+
+#[test]
 fn plan_is_empty_when_placement_is_right() {
     let frames = 8_192;
     // Hot set (first 1000 frames) already fast, the rest slow; quota fits it.

@@ -124,7 +124,8 @@ pub struct QuotaChangeStatus {
 pub struct LeftOut {
     /// The round's move budget ran out.
     pub budget_bytes: u64,
-    /// No fast frame was colder by the hysteresis margin.
+    /// No fast frame was colder by the hysteresis margin, or a lukewarm frame (below the hot-set
+    /// mark) found no free room.
     pub hysteresis_bytes: u64,
     /// Demoted lately and not risen since, while the room it needs is held by units promoted
     /// lately (docs/engine.md, "A return needs a rise").
