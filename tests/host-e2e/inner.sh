@@ -687,8 +687,19 @@ check "pool reload: p1's quota clamped to its new 26 MiB maximum" wait_for 20 cl
 check "pool reload: p1's fast memory comes down within 26 MiB" wait_for 30 $H fast $W/p1.harness 0,1 0 26 0
 touch $W/quotas.stop
 if wait $QUOTAS; then pass "pool: $(tail -1 "$OUT/quotas.log")"; else fail "pool: $(tail -2 "$OUT/quotas.log" | tr '\n' ' ')"; fi
+w0=$(metric 'vtism_mover_worker_pages_total\{node="0",dir="promote"\}')
 kill "$HOG"
 wait_for 10 bash -c "! kill -0 $HOG" && pass "local DRAM full: hog $HOG stopped" || fail "local DRAM full: hog $HOG still running"
+# Node 0 has room again: what the two VMs hold on remote DRAM comes home (AutoTiering's CPM),
+# their fast memory as it was.
+check "locality: p2's hot set comes home to node 0 from remote DRAM once node 0 has room" \
+	$H hot $W/p2.harness 0x1000+1024 0 95 0 60
+check "locality: p1's fast memory comes home to node 0 (at least 22 of its 26 MiB)" \
+	$H fast $W/p1.harness 0 22 26 60
+h1=$(metric 'vtism_mover_worker_pages_total\{node="0",dir="promote"\}')
+[ "${h1:-0}" -gt "${w0:-0}" ] && wait_for 10 grep -qE 'kind[^ ]*=[^ ]*Home' "$OUT/vtismd.log" &&
+	pass "locality: node 0's mover worker moved $((${h1:-0} - ${w0:-0})) pages home, and vtismd's log names the moves Home" ||
+	fail "locality: node 0's worker pages $w0 -> $h1; Home moves in the log: $(grep -cE 'kind[^ ]*=[^ ]*Home' "$OUT/vtismd.log")"
 ctl status >"$OUT/status-pool.txt" 2>&1
 ctl status --json >"$OUT/status-pool.json" 2>&1
 cat "$OUT/status-pool.txt"

@@ -14,13 +14,16 @@ pub enum MoveKind {
     Demote,
     /// Cold frames out of fast memory to restore the free reserve (background demotion).
     Refill,
+    /// Frames on a farther fast node to the fast node nearest the VM's home, once it has room
+    /// (AutoTiering's CPM: locality within a tier). The VM's fast memory does not change.
+    Home,
 }
 
 impl MoveKind {
     /// Which way the move goes, for rate limits and queues.
     pub fn direction(self) -> Direction {
         match self {
-            MoveKind::Promote => Direction::Promote,
+            MoveKind::Promote | MoveKind::Home => Direction::Promote,
             MoveKind::Demote | MoveKind::Refill => Direction::Demote,
         }
     }
@@ -97,6 +100,8 @@ pub struct VmPlanStats {
     pub promote_frames: u64,
     pub demote_frames: u64,
     pub refill_frames: u64,
+    /// Fast frames moved to the fast node nearest the VM's home (`MoveKind::Home`).
+    pub home_frames: u64,
     /// Hot-set frames left on slow memory because the round's budget ran out.
     pub deferred_by_budget: u64,
     /// Hot-set frames left on slow memory because no fast frame was colder by the hysteresis
@@ -123,6 +128,7 @@ impl VmPlanStats {
         self.promote_frames += later.promote_frames;
         self.demote_frames += later.demote_frames;
         self.refill_frames += later.refill_frames;
+        self.home_frames += later.home_frames;
         self.deferred_by_budget = later.deferred_by_budget;
         self.held_by_hysteresis = later.held_by_hysteresis;
         self.held_as_return = later.held_as_return;

@@ -11,7 +11,7 @@ use crate::hotness::{
     key_level, key_of, FrameState, Key, Tables, COLD_SLOT, KEY_BUCKETS, NODE_UNKNOWN, RING,
 };
 use crate::params::EngineParams;
-use crate::plan::{Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
+use crate::plan::{Direction, Move, MoveKind, Phase, Plan, PlanStats, VmPlanStats};
 use crate::policy::{EngineError, IngestStats, Observation, PlanContext, Policy, VmSpec};
 use crate::recent_moves::RecentMoves;
 use crate::split_asks::SplitAsks;
@@ -1120,6 +1120,18 @@ impl VtismPolicy {
             *budget -= pf;
             stats.promote_frames += pf;
         }
+        if home.is_some() {
+            bring_home(
+                v,
+                &fast_order,
+                is_fast,
+                tables,
+                free,
+                budget,
+                &mut decided,
+                &mut stats,
+            );
+        }
 
         // Record the decisions: one move per run of frames that change tier (adjacent runs with the
         // same nodes coalesced), and the new placement.
@@ -1128,7 +1140,10 @@ impl VtismPolicy {
             match kind {
                 _ if !rates => {}
                 MoveKind::Promote => v.recent.promoted(u.idx, now),
-                _ => v.recent.demoted(u.idx, unit_degree(v, &u), now),
+                MoveKind::Home => {}
+                MoveKind::Demote | MoveKind::Refill => {
+                    v.recent.demoted(u.idx, unit_degree(v, &u), now)
+                }
             }
         }
         // Runs of the unit's frames alike (a uniform chunk's pieces), placed a run at a time.
@@ -1140,7 +1155,11 @@ impl VtismPolicy {
             v.frames
                 .for_each_run(unit, |i, s, n| runs.push((i, n, s.node_raw())));
             for &(first, n, node) in &runs {
-                if node == NODE_UNKNOWN || is_fast[node as usize] == to_fast {
+                let moves = match kind {
+                    MoveKind::Home => node != to.0 && is_fast[node as usize],
+                    _ => is_fast[node as usize] != to_fast,
+                };
+                if node == NODE_UNKNOWN || !moves {
                     continue;
                 }
                 let from = NodeId(node);
@@ -1245,6 +1264,75 @@ fn would_displace_just_promoted(victs: &[Unit], need: i64, recent: &RecentMoves)
         freed += vu.frames as i64;
     }
     false
+}
+
+/// Locality within the fast tier (AutoTiering's CPM): once the fast node nearest the VM's home
+/// has room left after this plan's promotions, the VM's frames on farther fast nodes move there,
+/// hottest first, within the round's budget. Only when such frames exist (`node_frames`, exact),
+/// so a plan with none pays nothing.
+#[allow(clippy::too_many_arguments)]
+fn bring_home(
+    v: &VmState,
+    fast_order: &[NodeId],
+    is_fast: &[bool; NODES],
+    tables: &Tables,
+    free: &mut NodeFree,
+    budget: &mut u64,
+    decided: &mut Vec<(Unit, NodeId, NodeId, MoveKind, Phase)>,
+    stats: &mut VmPlanStats,
+) {
+    let Some((&near, farther)) = fast_order.split_first() else {
+        return;
+    };
+    let away: u64 = farther.iter().map(|f| v.node_frames[f.0 as usize]).sum();
+    if away == 0 || free.avail_now(near) <= 0 || *budget == 0 {
+        return;
+    }
+    let r = v.round as u8;
+    let mut units: Vec<Unit> = Vec::new();
+    let mut pinned = v.pinned.iter().peekable();
+    let (n, mut i) = (v.frames.len(), 0);
+    while i < n {
+        let s = v.frames.get(i);
+        let w = if s.huge_head() {
+            HUGE_FRAMES as usize
+        } else {
+            1
+        };
+        while pinned.next_if(|h| h.end <= i).is_some() {}
+        let never_moved = pinned.peek().is_some_and(|h| h.start < i + w);
+        let node = s.node_raw();
+        if node != NODE_UNKNOWN && node != near.0 && is_fast[node as usize] && !never_moved {
+            let mut away = 0;
+            v.frames.for_each_run(i..i + w, |_, f, k| {
+                let f = f.node_raw();
+                if f != NODE_UNKNOWN && f != near.0 && is_fast[f as usize] {
+                    away += k;
+                }
+            });
+            units.push(Unit {
+                idx: i as u32,
+                key: tables.key(s, r),
+                frames: away,
+                span: w as u32,
+                seen: s.seen(),
+            });
+        }
+        i += w;
+    }
+    counting_sort(&mut units, true);
+    for u in units {
+        let f = u.frames as u64;
+        if f > *budget || f as i64 > free.avail_now(near) {
+            break;
+        }
+        let from = v.frames.get(u.idx as usize).node().unwrap_or(near);
+        free.take_now(near, f as i64);
+        free.give_later(from, f as i64);
+        *budget -= f;
+        stats.home_frames += f;
+        decided.push((u, from, near, MoveKind::Home, Phase::Promote));
+    }
 }
 
 /// Stable partition, in O(n): units not seen lately, then the others.
@@ -1570,9 +1658,9 @@ impl Policy for VtismPolicy {
         // Execution order across VMs: by phase, stable.
         moves.sort_by_key(|m| m.phase);
         for m in &moves {
-            match m.kind {
-                MoveKind::Promote => stats.promote_bytes += m.bytes(),
-                MoveKind::Demote | MoveKind::Refill => stats.demote_bytes += m.bytes(),
+            match m.kind.direction() {
+                Direction::Promote => stats.promote_bytes += m.bytes(),
+                Direction::Demote => stats.demote_bytes += m.bytes(),
             }
         }
         Plan { moves, stats }

@@ -150,6 +150,7 @@ impl World {
             for m in &moves {
                 let order: &[NodeId] = match m.kind {
                     MoveKind::Promote => &[LOCAL_DRAM, REMOTE_DRAM],
+                    MoveKind::Home => &[LOCAL_DRAM],
                     MoveKind::Demote | MoveKind::Refill => &[LOCAL_SLOW, REMOTE_SLOW],
                 };
                 let pos = order.iter().position(|&n| n == m.to);
@@ -205,6 +206,48 @@ fn promotions_fall_back_to_remote_dram_and_demotions_go_local_first() {
     }
     assert_eq!(to_local, 1000, "local DRAM filled first");
     assert_eq!(to_remote, 2000, "the rest on remote DRAM, not left on CXL");
+    assert!(w.hot_in_fast(&g) >= 0.999);
+}
+
+#[test]
+fn frames_on_remote_dram_come_home_once_local_dram_has_room() {
+    // As above: local DRAM full, so 2000 of the hot frames go to remote DRAM. Then the other
+    // tenant leaves local DRAM: they move home, hottest first, and the VM's fast memory does not
+    // change.
+    let frames = 8192;
+    let mut w = World::new(
+        [4000, 16_384, 16_384, 16_384],
+        [3000, 0, 0, 0],
+        4096,
+        vec![REMOTE_SLOW; frames],
+    );
+    let mut g = GupsHotSet::new(Gfn(0), frames as u64, 3000, 0.0, 3);
+    for _ in 0..4 {
+        let plan = w.step(&g.round()).unwrap();
+        assert!(plan.moves.iter().all(|m| m.kind != MoveKind::Home));
+    }
+    assert_eq!(w.held[REMOTE_DRAM.0 as usize], 2000);
+    let fast = w.fast();
+    w.other[LOCAL_DRAM.0 as usize] = 1500;
+    let mut home = 0;
+    for _ in 0..3 {
+        let plan = w.step(&g.round()).unwrap();
+        for m in plan.moves.iter().filter(|m| m.kind == MoveKind::Home) {
+            assert_eq!((m.from, m.to), (REMOTE_DRAM, LOCAL_DRAM), "{m:?}");
+            home += m.frames;
+        }
+        assert_eq!(
+            plan.stats.promote_bytes,
+            plan.stats.vms[0].home_frames * FRAME_SIZE
+        );
+    }
+    assert_eq!(home, 1500, "as many as local DRAM has room for");
+    assert_eq!(w.held[LOCAL_DRAM.0 as usize], 2500);
+    assert_eq!(
+        w.fast(),
+        fast,
+        "locality moves leave the VM's fast memory as it was"
+    );
     assert!(w.hot_in_fast(&g) >= 0.999);
 }
 

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use vtism_engine::synth::Rng;
 use vtism_engine::{
-    coalesce, Move, MoveKind, Nanos, NodeId, NodeSpec, PlacementRun, PlanContext, Policy, Tier,
+    coalesce, Direction, Move, Nanos, NodeId, NodeSpec, PlacementRun, PlanContext, Policy, Tier,
     Topology, VmId, VmSpec,
 };
 use vtism_proto::{Gfn, RamMap, FRAME_SIZE, HUGE_FRAMES};
@@ -878,7 +878,7 @@ fn execute(
             }
         }
         // Stall.
-        let mode = if mv.kind == MoveKind::Promote {
+        let mode = if mv.kind.direction() == Direction::Promote {
             pr.promote_mode
         } else {
             pr.demote_mode
