@@ -180,17 +180,22 @@ impl World {
     }
 }
 
-#[test]
-fn promotions_fall_back_to_remote_dram_and_demotions_go_local_first() {
-    // Local DRAM has room for 1000 frames, remote DRAM for plenty; 3000 hot frames on remote CXL.
+/// Local DRAM with room for 1000 frames (another tenant holds 3000), remote DRAM for plenty, and
+/// a VM whose 3000 hot frames start on remote CXL.
+fn local_dram_nearly_full() -> (World, GupsHotSet) {
     let frames = 8192;
-    let mut w = World::new(
+    let w = World::new(
         [4000, 16_384, 16_384, 16_384],
         [3000, 0, 0, 0],
         4096,
         vec![REMOTE_SLOW; frames],
     );
-    let mut g = GupsHotSet::new(Gfn(0), frames as u64, 3000, 0.0, 3);
+    (w, GupsHotSet::new(Gfn(0), frames as u64, 3000, 0.0, 3))
+}
+
+#[test]
+fn promotions_fall_back_to_remote_dram_and_demotions_go_local_first() {
+    let (mut w, mut g) = local_dram_nearly_full();
     let mut to_local = 0;
     let mut to_remote = 0;
     for _ in 0..4 {
@@ -211,17 +216,9 @@ fn promotions_fall_back_to_remote_dram_and_demotions_go_local_first() {
 
 #[test]
 fn frames_on_remote_dram_come_home_once_local_dram_has_room() {
-    // As above: local DRAM full, so 2000 of the hot frames go to remote DRAM. Then the other
-    // tenant leaves local DRAM: they move home, hottest first, and the VM's fast memory does not
-    // change.
-    let frames = 8192;
-    let mut w = World::new(
-        [4000, 16_384, 16_384, 16_384],
-        [3000, 0, 0, 0],
-        4096,
-        vec![REMOTE_SLOW; frames],
-    );
-    let mut g = GupsHotSet::new(Gfn(0), frames as u64, 3000, 0.0, 3);
+    // As above, 2000 of the hot frames go to remote DRAM. Then the other tenant leaves local
+    // DRAM: they move home, hottest first, and the VM's fast memory does not change.
+    let (mut w, mut g) = local_dram_nearly_full();
     for _ in 0..4 {
         let plan = w.step(&g.round()).unwrap();
         assert!(plan.moves.iter().all(|m| m.kind != MoveKind::Home));
