@@ -610,12 +610,13 @@ rm -f $W/qmp/vm-*.qmp # vm-c was killed with -9 and left its socket
 # a 48 MiB pool, 24 MiB each at first (HMM-V's limits: 18 - 30 MiB): p1's guest reports a 40 MiB
 # hot set, p2's 4 MiB. The pool must move quota to p1, up to its maximum and never taking p2
 # below its minimum, and their promotions must go to remote DRAM (node 1), never to node 0.
-write_pool_config() { # write_pool_config [EXTRA LINE FOR p1]
+write_pool_config() { # write_pool_config [EXTRA LINE FOR p1] [EXTRA [topology] LINE]
 	{
 		daemon_sections
 		cat <<EOF
 [topology]
 min_free_mib = 96
+${2:-}
 [pool]
 mode = "pool"
 fast_mib = 48
@@ -700,6 +701,23 @@ h1=$(metric 'vtism_mover_worker_pages_total\{node="0",dir="promote"\}')
 [ "${h1:-0}" -gt "${w0:-0}" ] && wait_for 10 grep -qE 'kind[^ ]*=[^ ]*Home' "$OUT/vtismd.log" &&
 	pass "locality: node 0's mover worker moved $((${h1:-0} - ${w0:-0})) pages home, and vtismd's log names the moves Home" ||
 	fail "locality: node 0's worker pages $w0 -> $h1; Home moves in the log: $(grep -cE 'kind[^ ]*=[^ ]*Home' "$OUT/vtismd.log")"
+# A tenant takes node 0 down to 48 MiB free, once; then a free watermark of 64 MiB (SIGHUP):
+# vtismd demotes the coldest of its own frames on node 0 (16 MiB of the 28) until node 0 is back
+# (MemFree moves by a few MiB with everything else the host does: 58 is the check).
+$H hog 0 48 once >"$OUT/hog2.log" 2>&1 &
+HOG2=$!
+wait_for 60 grep -q '^hog:' "$OUT/hog2.log" || fail "watermark: the second hog did not fill node 0 ($(cat "$OUT/hog2.log"))"
+write_pool_config "quota_max_mib = 26" "free_watermark_mib = 64"
+kill -HUP "$(cat $W/vtismd.pid)"
+node0_free_mib() { awk '/MemFree/ { print int($4 / 1024) }' /sys/devices/system/node/node0/meminfo; }
+node0_back() { [ "$(node0_free_mib)" -ge 58 ]; }
+if wait_for 30 node0_back; then
+	pass "watermark: node 0 back to $(node0_free_mib) MiB free (watermark 64) after $(cat "$OUT/hog2.log" | sed 's/^hog: //'), by demoting vtismd's own frames"
+else
+	fail "watermark: node 0 at $(node0_free_mib) MiB free (watermark 64); $(cat "$OUT/hog2.log")"
+fi
+check "watermark: the hog that filled node 0 is untouched" kill -0 "$HOG2"
+kill "$HOG2"
 ctl status >"$OUT/status-pool.txt" 2>&1
 ctl status --json >"$OUT/status-pool.json" 2>&1
 cat "$OUT/status-pool.txt"

@@ -139,6 +139,9 @@ impl VmPlanStats {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PlanStats {
     pub vms: Vec<VmPlanStats>,
+    /// Bytes demoted to bring fast nodes back to the driver's free watermark
+    /// (`PlanContext::node_short_bytes`), whichever VMs they were of.
+    pub watermark_bytes: u64,
     pub promote_bytes: u64,
     pub demote_bytes: u64,
     pub budget_bytes: u64,

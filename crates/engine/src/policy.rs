@@ -51,6 +51,9 @@ pub struct PlanContext<'a> {
     pub node_free_bytes: &'a [(NodeId, u64)],
     /// Overrides the configured per-round budget (the daemon's rate limiter lowers it).
     pub budget_bytes: Option<u64>,
+    /// Bytes to free on fast nodes whose free memory fell below the driver's watermark (others
+    /// filled them): the policy demotes its VMs' coldest frames there first, at most this much.
+    pub node_short_bytes: &'a [(NodeId, u64)],
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

@@ -769,6 +769,67 @@ impl VtismPolicy {
         free
     }
 
+    /// Fast nodes below the driver's free watermark: the coldest units of this engine's VMs there,
+    /// whichever VM they are of, go to slow memory (each to the slow node nearest its VM's home)
+    /// until the shortfall is covered or the budget spent. What they free is the watermark's, not
+    /// room for this plan's promotions. VMs with no signal yet are not touched (`no_signal`).
+    /// Returns the frames demoted.
+    fn restore_watermarks(
+        &mut self,
+        ctx: &PlanContext<'_>,
+        free: &mut NodeFree,
+        budget: &mut u64,
+        out: &mut Vec<Move>,
+        demoted_from: &mut [bool],
+        now: Nanos,
+    ) -> u64 {
+        let mut done = 0;
+        for &(node, bytes) in ctx.node_short_bytes {
+            let n = node.0 as usize;
+            if n >= NODES || !self.is_fast[n] || self.topology.node(node).is_none() {
+                continue;
+            }
+            let mut need = bytes.div_ceil(FRAME_SIZE);
+            let mut coldest: Vec<(Key, usize, Unit)> = Vec::new();
+            for (vi, v) in self.vms.iter().enumerate() {
+                if v.node_frames[n] > 0 && v.last_observed.is_some() {
+                    let units = coldest_units_on(v, &self.tables, n as u8, need);
+                    coldest.extend(units.into_iter().map(|u| (u.key, vi, u)));
+                }
+            }
+            coldest.sort_by_key(|c| c.0);
+            let mut decided = vec![Vec::new(); self.vms.len()];
+            for (_, vi, u) in coldest {
+                let f = u.frames as u64;
+                if need == 0 || f > *budget {
+                    break;
+                }
+                let near = self.vms[vi].spec.home_node.unwrap_or(node);
+                let Some(to) = self.slow_order[near.0 as usize]
+                    .iter()
+                    .copied()
+                    .find(|&s| free.avail_now(s) >= f as i64)
+                else {
+                    break;
+                };
+                free.take_now(to, f as i64);
+                *budget -= f;
+                need = need.saturating_sub(f);
+                done += f;
+                decided[vi].push((u, node, to, MoveKind::Refill, Phase::Demote));
+            }
+            for (vi, d) in decided.into_iter().enumerate() {
+                if !d.is_empty() {
+                    let v = &mut self.vms[vi];
+                    record(v, &self.tables, &self.is_fast, d, out, now);
+                    v.dirty = true;
+                    demoted_from[vi] = true;
+                }
+            }
+        }
+        done
+    }
+
     /// `again`: the VM was planned earlier in this round, and the engine's belief already has
     /// those moves done; its promotions then wait for every demotion of the round
     /// (`PromoteAfterDemote`), or one of them could run before the demotion it counted on.
@@ -940,8 +1001,6 @@ impl VtismPolicy {
         unseen_first(&mut victs[..files]);
         unseen_first(&mut victs[files..cold]);
 
-        let spec_id = v.spec.id;
-        let rates = v.counts == CountMeaning::RateLevel;
         v.recent.expire(now);
         let (frames, round) = (&v.frames, v.round);
         v.recent.follow(round, |i| {
@@ -1133,65 +1192,7 @@ impl VtismPolicy {
             );
         }
 
-        // Record the decisions: one move per run of frames that change tier (adjacent runs with the
-        // same nodes coalesced), and the new placement.
-        decided.sort_by_key(|d| d.4);
-        for &(u, _, _, kind, _) in &decided {
-            match kind {
-                _ if !rates => {}
-                MoveKind::Promote => v.recent.promoted(u.idx, now),
-                MoveKind::Home => {}
-                MoveKind::Demote | MoveKind::Refill => {
-                    v.recent.demoted(u.idx, unit_degree(v, &u), now)
-                }
-            }
-        }
-        // Runs of the unit's frames alike (a uniform chunk's pieces), placed a run at a time.
-        let mut runs: Vec<(usize, u32, u8)> = Vec::new();
-        for (u, _, to, kind, phase) in decided {
-            let to_fast = is_fast[to.0 as usize];
-            runs.clear();
-            let unit = u.idx as usize..(u.idx + u.span) as usize;
-            v.frames
-                .for_each_run(unit, |i, s, n| runs.push((i, n, s.node_raw())));
-            for &(first, n, node) in &runs {
-                let moves = match kind {
-                    MoveKind::Home => node != to.0 && is_fast[node as usize],
-                    _ => is_fast[node as usize] != to_fast,
-                };
-                if node == NODE_UNKNOWN || !moves {
-                    continue;
-                }
-                let from = NodeId(node);
-                let run = first..first + n as usize;
-                for i in run.clone() {
-                    let gfn = v.spec.ram.gfn_at(i as u64).unwrap_or(Gfn(0));
-                    match out.last_mut() {
-                        Some(m)
-                            if m.vm == spec_id
-                                && m.from == from
-                                && m.to == to
-                                && m.kind == kind
-                                && m.phase == phase
-                                && m.gfn.0 + m.frames == gfn.0
-                                && v.spec.ram.contains_span(m.gfn, m.frames + 1) =>
-                        {
-                            m.frames += 1
-                        }
-                        _ => out.push(Move {
-                            vm: spec_id,
-                            gfn,
-                            frames: 1,
-                            from,
-                            to,
-                            kind,
-                            phase,
-                        }),
-                    }
-                }
-                v.place(tables, run, Some(to));
-            }
-        }
+        record(v, tables, is_fast, decided, out, now);
         // Work the budget cut short continues in the next plan, without waiting for new hints.
         v.dirty = stats.deferred_by_budget > 0 || *budget == 0;
         v.last_stats = stats.clone();
@@ -1266,6 +1267,75 @@ fn would_displace_just_promoted(victs: &[Unit], need: i64, recent: &RecentMoves)
     false
 }
 
+/// Records a VM's decisions: one move per run of frames that change node (adjacent runs with the
+/// same nodes coalesced), the new placement, and the moves `recent_moves` remembers.
+fn record(
+    v: &mut VmState,
+    tables: &Tables,
+    is_fast: &[bool; NODES],
+    mut decided: Vec<(Unit, NodeId, NodeId, MoveKind, Phase)>,
+    out: &mut Vec<Move>,
+    now: Nanos,
+) {
+    let spec_id = v.spec.id;
+    let rates = v.counts == CountMeaning::RateLevel;
+    decided.sort_by_key(|d| d.4);
+    for &(u, _, _, kind, _) in &decided {
+        match kind {
+            _ if !rates => {}
+            MoveKind::Promote => v.recent.promoted(u.idx, now),
+            MoveKind::Home => {}
+            MoveKind::Demote | MoveKind::Refill => v.recent.demoted(u.idx, unit_degree(v, &u), now),
+        }
+    }
+    // Runs of the unit's frames alike (a uniform chunk's pieces), placed a run at a time.
+    let mut runs: Vec<(usize, u32, u8)> = Vec::new();
+    for (u, _, to, kind, phase) in decided {
+        let to_fast = is_fast[to.0 as usize];
+        runs.clear();
+        let unit = u.idx as usize..(u.idx + u.span) as usize;
+        v.frames
+            .for_each_run(unit, |i, s, n| runs.push((i, n, s.node_raw())));
+        for &(first, n, node) in &runs {
+            let moves = match kind {
+                MoveKind::Home => node != to.0 && is_fast[node as usize],
+                _ => is_fast[node as usize] != to_fast,
+            };
+            if node == NODE_UNKNOWN || !moves {
+                continue;
+            }
+            let from = NodeId(node);
+            let run = first..first + n as usize;
+            for i in run.clone() {
+                let gfn = v.spec.ram.gfn_at(i as u64).unwrap_or(Gfn(0));
+                match out.last_mut() {
+                    Some(m)
+                        if m.vm == spec_id
+                            && m.from == from
+                            && m.to == to
+                            && m.kind == kind
+                            && m.phase == phase
+                            && m.gfn.0 + m.frames == gfn.0
+                            && v.spec.ram.contains_span(m.gfn, m.frames + 1) =>
+                    {
+                        m.frames += 1
+                    }
+                    _ => out.push(Move {
+                        vm: spec_id,
+                        gfn,
+                        frames: 1,
+                        from,
+                        to,
+                        kind,
+                        phase,
+                    }),
+                }
+            }
+            v.place(tables, run, Some(to));
+        }
+    }
+}
+
 /// Locality within the fast tier (AutoTiering's CPM): once the fast node nearest the VM's home
 /// has room left after this plan's promotions, the VM's frames on farther fast nodes move there,
 /// hottest first, within the round's budget. Only when such frames exist (`node_frames`, exact),
@@ -1288,38 +1358,13 @@ fn bring_home(
     if away == 0 || free.avail_now(near) <= 0 || *budget == 0 {
         return;
     }
-    let r = v.round as u8;
-    let mut units: Vec<Unit> = Vec::new();
-    let mut pinned = v.pinned.iter().peekable();
-    let (n, mut i) = (v.frames.len(), 0);
-    while i < n {
-        let s = v.frames.get(i);
-        let w = if s.huge_head() {
-            HUGE_FRAMES as usize
-        } else {
-            1
-        };
-        while pinned.next_if(|h| h.end <= i).is_some() {}
-        let never_moved = pinned.peek().is_some_and(|h| h.start < i + w);
-        let node = s.node_raw();
-        if node != NODE_UNKNOWN && node != near.0 && is_fast[node as usize] && !never_moved {
-            let mut away = 0;
-            v.frames.for_each_run(i..i + w, |_, f, k| {
-                let f = f.node_raw();
-                if f != NODE_UNKNOWN && f != near.0 && is_fast[f as usize] {
-                    away += k;
-                }
-            });
-            units.push(Unit {
-                idx: i as u32,
-                key: tables.key(s, r),
-                frames: away,
-                span: w as u32,
-                seen: s.seen(),
-            });
-        }
-        i += w;
-    }
+    let mut units = Vec::new();
+    units_on(
+        v,
+        tables,
+        |n| n != near.0 && is_fast[n as usize],
+        |u| units.push(u),
+    );
     counting_sort(&mut units, true);
     for u in units {
         let f = u.frames as u64;
@@ -1333,6 +1378,80 @@ fn bring_home(
         stats.home_frames += f;
         decided.push((u, from, near, MoveKind::Home, Phase::Promote));
     }
+}
+
+/// The VM's units with frames on nodes `on` accepts (pinned ones left out), each counting those
+/// frames, in address order, to `each`.
+fn units_on(v: &VmState, tables: &Tables, on: impl Fn(u8) -> bool, mut each: impl FnMut(Unit)) {
+    let r = v.round as u8;
+    let mut pinned = v.pinned.iter().peekable();
+    let (n, mut i) = (v.frames.len(), 0);
+    while i < n {
+        let s = v.frames.get(i);
+        let w = if s.huge_head() {
+            HUGE_FRAMES as usize
+        } else {
+            1
+        };
+        while pinned.next_if(|h| h.end <= i).is_some() {}
+        let never_moved = pinned.peek().is_some_and(|h| h.start < i + w);
+        let node = s.node_raw();
+        if node != NODE_UNKNOWN && on(node) && !never_moved {
+            let mut frames = 0;
+            v.frames.for_each_run(i..i + w, |_, f, k| {
+                let f = f.node_raw();
+                if f != NODE_UNKNOWN && on(f) {
+                    frames += k;
+                }
+            });
+            each(Unit {
+                idx: i as u32,
+                key: tables.key(s, r),
+                frames,
+                span: w as u32,
+                seen: s.seen(),
+            });
+        }
+        i += w;
+    }
+}
+
+/// The VM's coldest units on `node`, coldest first, holding `need` frames there (or all it
+/// has): two passes, so that memory follows `need` and not the VM's size.
+fn coldest_units_on(v: &VmState, tables: &Tables, node: u8, need: u64) -> Vec<Unit> {
+    let mut frames_by_key = vec![0u64; KEY_BUCKETS];
+    units_on(
+        v,
+        tables,
+        |n| n == node,
+        |u| frames_by_key[u.key as usize] += u.frames as u64,
+    );
+    // Every unit of the keys below `last`, and of `last` as many as `room` takes.
+    let (mut last, mut room) = (KEY_BUCKETS - 1, need);
+    for (k, &f) in frames_by_key.iter().enumerate() {
+        if f >= room {
+            last = k;
+            break;
+        }
+        room -= f;
+    }
+    let mut units = Vec::new();
+    units_on(
+        v,
+        tables,
+        |n| n == node,
+        |u| {
+            let k = u.key as usize;
+            if k < last || (k == last && room > 0) {
+                if k == last {
+                    room = room.saturating_sub(u.frames as u64);
+                }
+                units.push(u)
+            }
+        },
+    );
+    counting_sort(&mut units, false);
+    units
 }
 
 /// Stable partition, in O(n): units not seen lately, then the others.
@@ -1608,6 +1727,17 @@ impl Policy for VtismPolicy {
             budget_bytes,
             ..Default::default()
         };
+        // VMs the watermark demoted from plan their promotions after the round's demotions, so
+        // that a unit it took is never promoted before it has left.
+        let mut demoted_from = vec![false; self.vms.len()];
+        stats.watermark_bytes = self.restore_watermarks(
+            ctx,
+            &mut free,
+            &mut budget,
+            &mut moves,
+            &mut demoted_from,
+            now,
+        ) * FRAME_SIZE;
         let n = self.vms.len();
         let start = if n == 0 {
             0
@@ -1639,7 +1769,8 @@ impl Policy for VtismPolicy {
             }
             let mut claim = budget.min(share);
             let before = claim;
-            let s = self.plan_vm(vi, &mut free, &mut claim, &mut moves, false, now);
+            let again = demoted_from[vi];
+            let s = self.plan_vm(vi, &mut free, &mut claim, &mut moves, again, now);
             budget -= before - claim;
             // (a claim used up, or a unit larger than what was left of it)
             if (claim == 0 || s.deferred_by_budget > 0) && budget > 0 {

@@ -136,13 +136,7 @@ fn pc_guest_hints_in_the_first_two_mib() {
         }
         let st = observe(&mut e, &entries, CountMeaning::RateLevel);
         assert_eq!(st.ignored, 1, "round {round}: {st:?}");
-        let plan = e.plan(
-            &PlanContext {
-                node_free_bytes: &[],
-                budget_bytes: None,
-            },
-            Nanos::from_secs(2 + round),
-        );
+        let plan = e.plan(&PlanContext::default(), Nanos::from_secs(2 + round));
         for m in &plan.moves {
             assert!(
                 m.gfn.0 >= 0x100 || m.gfn.0 + m.frames <= 0xa0,

@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use vtism_engine::synth::GupsHotSet;
 use vtism_engine::*;
-use vtism_proto::{Gfn, RamMap, FRAME_SIZE};
+use vtism_proto::{Gfn, HintEntry, PageType, RamMap, FRAME_SIZE};
 
 /// Socket 0: DRAM node 0, CXL node 2. Socket 1: DRAM node 1, CXL node 3.
 const LOCAL_DRAM: NodeId = NodeId(0);
@@ -52,6 +52,9 @@ struct World {
     /// The VM's frames per node, kept with `truth`.
     held: [u64; 4],
     now: Nanos,
+    /// Free frames the driver keeps on each DRAM node (its floor for promotions, and the
+    /// watermark below which the engine demotes to restore it).
+    watermark: u64,
 }
 
 impl World {
@@ -81,6 +84,7 @@ impl World {
             held,
             truth: placement,
             now: Nanos(0),
+            watermark: 0,
         }
     }
 
@@ -109,14 +113,21 @@ impl World {
                 self.now,
             )
             .unwrap();
+        let floor = |n: NodeId| if n.0 < 2 { self.watermark } else { 0 };
         let free: Vec<(NodeId, u64)> = NODES
             .iter()
-            .map(|&n| (n, self.free(n) * FRAME_SIZE))
+            .map(|&n| (n, self.free(n).saturating_sub(floor(n)) * FRAME_SIZE))
+            .collect();
+        let short: Vec<(NodeId, u64)> = NODES
+            .iter()
+            .filter(|&&n| self.free(n) < floor(n))
+            .map(|&n| (n, (floor(n) - self.free(n)) * FRAME_SIZE))
             .collect();
         let plan = self.engine.plan(
             &PlanContext {
                 node_free_bytes: &free,
                 budget_bytes: None,
+                node_short_bytes: &short,
             },
             self.now,
         );
@@ -246,6 +257,45 @@ fn frames_on_remote_dram_come_home_once_local_dram_has_room() {
         "locality moves leave the VM's fast memory as it was"
     );
     assert!(w.hot_in_fast(&g) >= 0.999);
+}
+
+#[test]
+fn a_dram_node_filled_by_others_gets_its_watermark_back_from_the_coldest_frames() {
+    // The VM holds 3000 frames on local DRAM, 1000 of them hot; remote DRAM is full. Another
+    // tenant then takes local DRAM down to 200 free frames against a watermark of 1000: the
+    // engine demotes 800 of the VM's cold frames there, no hot one, and nothing takes the room back.
+    let mut placement = vec![LOCAL_SLOW; 8192];
+    placement[..3000].iter_mut().for_each(|n| *n = LOCAL_DRAM);
+    let mut w = World::new(
+        [4000, 4000, 16_384, 16_384],
+        [0, 4000, 0, 0],
+        4096,
+        placement,
+    );
+    w.watermark = 1000;
+    let hot: Vec<HintEntry> = (0..1000)
+        .map(|i| HintEntry::new(Gfn(i), 8, false, PageType::Anon, false, true))
+        .collect();
+    for _ in 0..3 {
+        let plan = w.step(&hot).unwrap();
+        assert_eq!(plan.stats.watermark_bytes, 0);
+    }
+    w.other[LOCAL_DRAM.0 as usize] = 800;
+    let plan = w.step(&hot).unwrap();
+    assert_eq!(plan.stats.watermark_bytes, 800 * FRAME_SIZE);
+    assert!(plan
+        .moves
+        .iter()
+        .all(|m| m.kind == MoveKind::Refill && m.from == LOCAL_DRAM && m.gfn.0 >= 1000));
+    assert_eq!(w.free(LOCAL_DRAM), 1000);
+    assert!(
+        (0..1000).all(|i| w.truth[i] == LOCAL_DRAM),
+        "the hot frames stay"
+    );
+    for _ in 0..3 {
+        let plan = w.step(&hot).unwrap();
+        assert!(plan.moves.is_empty(), "{:?}", plan.moves.first());
+    }
 }
 
 #[test]

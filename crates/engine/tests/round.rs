@@ -136,8 +136,8 @@ proptest! {
             }
             let start: BTreeMap<VmId, u64> = t.vms().map(|vm| (vm, truth.fast(vm))).collect();
             let ctx = PlanContext {
-                node_free_bytes: &[],
                 budget_bytes: s.budget_frames.map(|f| f * FRAME_SIZE),
+                ..Default::default()
             };
             let out = t.round(&ctx, &allowances, now);
             // What each VM moved, per direction, stays within its allowance.

@@ -25,10 +25,10 @@
 //!                        samples `vtism ctl status`: every listed VM's quota within [lo, hi] and
 //!                        the quotas' sum within total at every sample, for <seconds> or until
 //!                        <file> exists
-//!   e2e-harness hog      <node> <keep-free-mib>
+//!   e2e-harness hog      <node> <keep-free-mib> [once]
 //!                        allocates (and touches) memory on <node> until the node's MemFree is
 //!                        below keep-free-mib or the kernel places no more there, and keeps it so
-//!                        for as long as it runs
+//!                        for as long as it runs (with `once`: holds what it took, takes no more)
 //!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
 //!   e2e-harness get      <host:port> <path>
 //!
@@ -573,7 +573,7 @@ fn node_free(node: u32) -> R<u64> {
 /// prefers the node rather than binding to it, so the kernel never OOM-kills anyone for it: when
 /// the node is at its watermark the kernel places a chunk elsewhere, which this sees (move_pages
 /// query), gives back at once, and counts as the node being full.
-fn hog(node: u32, keep_mib: u64) -> R<()> {
+fn hog(node: u32, keep_mib: u64, once: bool) -> R<()> {
     const CHUNK: usize = 2 << 20;
     const MPOL_PREFERRED: libc::c_long = 1;
     let mask: [libc::c_ulong; 1] = [1 << node];
@@ -593,7 +593,7 @@ fn hog(node: u32, keep_mib: u64) -> R<()> {
     let mut reported = false;
     loop {
         let free = node_free(node)?;
-        let mut full = free <= (keep_mib << 20) + CHUNK as u64;
+        let mut full = reported && once || free <= (keep_mib << 20) + CHUNK as u64;
         if !full {
             // Touch every page so it is allocated now, then check where the kernel put it.
             let v = vec![0x5au8; CHUNK];
@@ -755,7 +755,8 @@ fn main() {
         ["quotas", ctl, secs, total, bounds @ ..] => {
             (|| quotas(ctl, num(secs)?, num(total)?, bounds))()
         }
-        ["hog", node, keep] => (|| hog(num(node)? as u32, num(keep)?))(),
+        ["hog", node, keep] => (|| hog(num(node)? as u32, num(keep)?, false))(),
+        ["hog", node, keep, "once"] => (|| hog(num(node)? as u32, num(keep)?, true))(),
         ["bench", mib, from, to, batches] => {
             (|| bench(num(mib)?, num(from)? as i32, num(to)? as i32, batches))()
         }

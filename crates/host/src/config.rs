@@ -389,6 +389,10 @@ pub struct TopologyConfig {
     pub node: Vec<NodeOverride>,
     /// Free memory kept on every node: plans never fill a node below this.
     pub min_free_mib: u64,
+    /// When others fill a fast node below this much free memory, vtismd demotes the coldest
+    /// frames of its own VMs there until it is back (never anything else). 0: off. At most
+    /// `min_free_mib`, so that promotions never take back what it freed.
+    pub free_watermark_mib: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -613,6 +617,12 @@ impl Config {
                 self.topology.min_free_mib,
                 0,
                 bound::MIB,
+            ),
+            (
+                "topology.free_watermark_mib",
+                self.topology.free_watermark_mib,
+                0,
+                self.topology.min_free_mib,
             ),
             ("pool.fast_mib", self.pool.fast_mib, 0, bound::MIB),
         ] {
@@ -1524,6 +1534,10 @@ mod tests {
             ("[mover]\nburst_s = 0\n", "mover.burst_s"),
             ("[mover]\nburst_s = 3601\n", "mover.burst_s"),
             ("[topology]\nmin_free_mib = 9223372036854775807\n", "topology.min_free_mib"),
+            (
+                "[topology]\nmin_free_mib = 64\nfree_watermark_mib = 65\n",
+                "topology.free_watermark_mib",
+            ),
             ("[pool]\nfast_mib = 9223372036854775807\n", "pool.fast_mib"),
             (
                 "[[vm]]\nname = \"a\"\nfast_quota_mib = 9223372036854775807\n",

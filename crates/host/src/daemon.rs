@@ -745,7 +745,7 @@ impl Daemon {
 
     /// The tiering round: quota changes to the guests, the moves to the mover.
     fn plan_and_submit(&mut self) {
-        let free = self.topo.free_bytes();
+        let crate::topology::NodeMemory { free, short } = self.topo.node_memory();
         let window = Duration::from_millis(self.cfg.daemon.interval_ms);
         let (budget, allowances) = {
             let mut l = self.mover.limits.lock().unwrap_or_else(|e| e.into_inner());
@@ -754,6 +754,7 @@ impl Daemon {
         let ctx = PlanContext {
             node_free_bytes: &free,
             budget_bytes: budget,
+            node_short_bytes: &short,
         };
         let out = self.tiering.round(&ctx, &allowances, self.now());
         self.report_quota_changes(&out.quota_changes);
@@ -770,6 +771,13 @@ impl Daemon {
             demote_mib = out.plan.stats.demote_bytes >> 20,
             "plan"
         );
+        if out.plan.stats.watermark_bytes > 0 {
+            info!(
+                demote_kib = out.plan.stats.watermark_bytes >> 10,
+                nodes = ?short.iter().map(|s| s.0 .0).collect::<Vec<_>>(),
+                "fast node below its free watermark (topology.free_watermark_mib): demoting the coldest frames of managed VMs there"
+            );
+        }
         self.log_small_plan(&out.plan.moves);
         let vms: HashMap<VmId, VmTarget> = self
             .registry
@@ -935,6 +943,9 @@ impl Daemon {
             .tiering
             .reconfigure(params, &limits, &leaving, engine, self.now())
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !restart {
+            self.topo.set_free_floors(&cfg.topology);
+        }
         if restart {
             self.mover.shutdown();
             self.mover = start_mover(&cfg, &topo);

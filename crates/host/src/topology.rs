@@ -62,6 +62,14 @@ pub struct HostNode {
     pub worker_node: NodeId,
 }
 
+/// Every node's free memory as the engine's plan takes it (`HostTopology::node_memory`).
+pub struct NodeMemory {
+    /// Bytes each node can take now.
+    pub free: Vec<(NodeId, u64)>,
+    /// Bytes each fast node is below the free watermark (only those that are).
+    pub short: Vec<(NodeId, u64)>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct HostTopology {
     pub nodes: Vec<HostNode>,
@@ -73,6 +81,8 @@ pub struct HostTopology {
     root: PathBuf,
     #[serde(skip)]
     min_free_bytes: u64,
+    #[serde(skip)]
+    free_watermark_bytes: u64,
 }
 
 fn read(path: &Path) -> Result<String, TopologyReadError> {
@@ -251,6 +261,7 @@ impl HostTopology {
             engine,
             root: root.to_path_buf(),
             min_free_bytes: cfg.min_free_mib << 20,
+            free_watermark_bytes: cfg.free_watermark_mib << 20,
         })
     }
 
@@ -266,18 +277,38 @@ impl HostTopology {
             .map(|n| n.id)
     }
 
+    /// The configured free-memory floors again (a reload that keeps the nodes).
+    pub fn set_free_floors(&mut self, cfg: &TopologyConfig) {
+        self.min_free_bytes = cfg.min_free_mib << 20;
+        self.free_watermark_bytes = cfg.free_watermark_mib << 20;
+    }
+
     /// Bytes each node can take now: MemFree less the configured floor.
     pub fn free_bytes(&self) -> Vec<(NodeId, u64)> {
-        self.nodes
-            .iter()
-            .filter_map(|n| {
-                let p = self
-                    .root
-                    .join(format!("devices/system/node/node{}/meminfo", n.id.0));
-                let free = meminfo_field(&std::fs::read_to_string(p).ok()?, "MemFree")?;
-                Some((n.id, free.saturating_sub(self.min_free_bytes)))
-            })
-            .collect()
+        self.node_memory().free
+    }
+
+    /// From one read of every node's MemFree: what each node can take now (MemFree less
+    /// `topology.min_free_mib`), and how far each fast node is below `topology.free_watermark_mib`
+    /// (only those that are).
+    pub fn node_memory(&self) -> NodeMemory {
+        let (mut free, mut short) = (Vec::new(), Vec::new());
+        for n in &self.nodes {
+            let p = self
+                .root
+                .join(format!("devices/system/node/node{}/meminfo", n.id.0));
+            let Some(mem_free) = std::fs::read_to_string(p)
+                .ok()
+                .and_then(|m| meminfo_field(&m, "MemFree"))
+            else {
+                continue;
+            };
+            free.push((n.id, mem_free.saturating_sub(self.min_free_bytes)));
+            if n.tier.is_fast() && mem_free < self.free_watermark_bytes {
+                short.push((n.id, self.free_watermark_bytes - mem_free));
+            }
+        }
+        NodeMemory { free, short }
     }
 
     /// Total memory of the fast-tier nodes (what a pool of fast memory is carved from).

@@ -57,7 +57,7 @@ fn overrides_beat_sysfs() {
                 ..Default::default()
             },
         ],
-        min_free_mib: 0,
+        ..Default::default()
     };
     let t = HostTopology::read(&root("emuhost-3node"), &cfg).unwrap();
     assert_eq!(

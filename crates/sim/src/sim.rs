@@ -582,6 +582,7 @@ pub fn run(
             &PlanContext {
                 node_free_bytes: &free,
                 budget_bytes: None,
+                node_short_bytes: &[],
             },
             Nanos(((t1) * 1e9).round() as u64),
         );

@@ -213,6 +213,7 @@ impl Policy for DaemonRound {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             },
+            node_short_bytes: ctx.node_short_bytes,
         };
         let out = self.tiering.round(&ctx, &allowances, now);
         for m in &out.plan.moves {
