@@ -50,8 +50,10 @@ fn init_logging(filter: Option<&str>, json: bool) {
         Some(f) => EnvFilter::new(f),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
+    // Colours only on a terminal: a log file or the journal gets plain `key=value` fields.
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         b.json().init();
