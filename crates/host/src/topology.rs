@@ -79,6 +79,9 @@ pub struct HostTopology {
     pub engine: Topology,
     #[serde(skip)]
     root: PathBuf,
+    /// `/proc/zoneinfo`, or `proc/zoneinfo` beside a fixture's `sys`.
+    #[serde(skip)]
+    zoneinfo: PathBuf,
     #[serde(skip)]
     min_free_bytes: u64,
     #[serde(skip)]
@@ -112,6 +115,35 @@ pub fn meminfo_field(text: &str, field: &str) -> Option<u64> {
             None
         }
     })
+}
+
+/// The kernel's base page (zoneinfo counts in it).
+fn base_page_bytes() -> u64 {
+    // SAFETY: sysconf reads a constant of the running kernel; no memory is passed.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).unwrap_or(4096)
+}
+
+/// Free pages each node holds on per-CPU lists (`/proc/zoneinfo`'s `pagesets` counts), in
+/// bytes. MemFree leaves them out, and they are many: since Linux 6.7 a CPU that frees pages in
+/// bulk (the mover's own migrations) keeps up to an eighth of the zone on its lists, drained
+/// lazily.
+pub fn per_cpu_free_bytes(zoneinfo: &str) -> BTreeMap<u32, u64> {
+    let mut out = BTreeMap::new();
+    let mut node = None;
+    for l in zoneinfo.lines() {
+        if let Some(rest) = l.strip_prefix("Node ") {
+            node = rest
+                .split(',')
+                .next()
+                .and_then(|n| n.trim().parse::<u32>().ok());
+        } else if let (Some(n), Some(c)) = (node, l.trim_start().strip_prefix("count:")) {
+            if let Ok(pages) = c.trim().parse::<u64>() {
+                *out.entry(n).or_default() += pages * base_page_bytes();
+            }
+        }
+    }
+    out
 }
 
 impl HostTopology {
@@ -260,6 +292,10 @@ impl HostTopology {
             distance,
             engine,
             root: root.to_path_buf(),
+            zoneinfo: root
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .join("proc/zoneinfo"),
             min_free_bytes: cfg.min_free_mib << 20,
             free_watermark_bytes: cfg.free_watermark_mib << 20,
         })
@@ -290,9 +326,18 @@ impl HostTopology {
 
     /// From one read of every node's MemFree: what each node can take now (MemFree less
     /// `topology.min_free_mib`), and how far each fast node is below `topology.free_watermark_mib`
-    /// (only those that are).
+    /// (only those that are). Promotions see MemFree alone (a page on a CPU's list is that CPU's);
+    /// the watermark counts the per-CPU lists free too, or every demotion, whose source pages land
+    /// on the mover CPU's lists, would look like too little and call for more.
     pub fn node_memory(&self) -> NodeMemory {
         let (mut free, mut short) = (Vec::new(), Vec::new());
+        let per_cpu = if self.free_watermark_bytes > 0 {
+            std::fs::read_to_string(&self.zoneinfo)
+                .map(|z| per_cpu_free_bytes(&z))
+                .unwrap_or_default()
+        } else {
+            BTreeMap::new()
+        };
         for n in &self.nodes {
             let p = self
                 .root
@@ -304,8 +349,9 @@ impl HostTopology {
                 continue;
             };
             free.push((n.id, mem_free.saturating_sub(self.min_free_bytes)));
-            if n.tier.is_fast() && mem_free < self.free_watermark_bytes {
-                short.push((n.id, self.free_watermark_bytes - mem_free));
+            let all_free = mem_free + per_cpu.get(&u32::from(n.id.0)).copied().unwrap_or(0);
+            if n.tier.is_fast() && all_free < self.free_watermark_bytes {
+                short.push((n.id, self.free_watermark_bytes - all_free));
             }
         }
         NodeMemory { free, short }
@@ -354,5 +400,15 @@ mod tests {
         assert_eq!(meminfo_field(t, "MemFree"), Some(512 << 20));
         assert_eq!(meminfo_field(t, "MemUsed"), None);
         assert_eq!(meminfo_field("garbage", "MemFree"), None);
+    }
+
+    #[test]
+    fn per_cpu_lists() {
+        let z = "Node 0, zone      DMA\n  pages free     3840\n  pagesets\n    cpu: 0\n              count: 93\n              high:  107\n    cpu: 1\n              count: 0\nNode 0, zone    DMA32\n  pagesets\n    cpu: 0\n              count: 4083\nNode 2, zone   Normal\n  pagesets\n    cpu: 1\n              count: 7168\n              count: junk\n";
+        let b = per_cpu_free_bytes(z);
+        assert_eq!(b.get(&0), Some(&((93 + 4083) * base_page_bytes())));
+        assert_eq!(b.get(&1), None);
+        assert_eq!(b.get(&2), Some(&(7168 * base_page_bytes())));
+        assert!(per_cpu_free_bytes("").is_empty());
     }
 }

@@ -117,3 +117,32 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+#[test]
+fn the_watermark_counts_free_pages_on_per_cpu_lists() {
+    // proc/zoneinfo was captured in the emulated host just after vtismd's demotions from node 0:
+    // 38 MiB of node 0's free pages sat on its two CPUs' lists, out of MemFree.
+    let cfg = TopologyConfig {
+        min_free_mib: 1024,
+        free_watermark_mib: 1024,
+        ..Default::default()
+    };
+    let t = HostTopology::read(&root("emuhost-3node"), &cfg).unwrap();
+    let m = t.node_memory();
+    let kib = |k: u64| k << 10;
+    let page = 4096;
+    let short: std::collections::BTreeMap<u8, u64> =
+        m.short.iter().map(|(n, b)| (n.0, *b)).collect();
+    assert_eq!(
+        short.get(&0),
+        Some(&((1024 << 20) - kib(1_003_668) - (93 + 4083 + 5583) * page))
+    );
+    assert_eq!(
+        short.get(&1),
+        Some(&((1024 << 20) - kib(938_688) - (5938 + 852) * page))
+    );
+    assert_eq!(short.get(&2), None, "a slow node has no watermark");
+    // Promotions see MemFree alone.
+    let free: Vec<(u8, u64)> = m.free.iter().map(|(n, b)| (n.0, *b)).collect();
+    assert_eq!(free[0], (0, 0), "MemFree is below min_free_mib");
+}
