@@ -1,8 +1,8 @@
 #!/bin/bash
-# Runs inside the emulated host (3 NUMA nodes: DRAM 0 and 1 on two sockets, CPU-less "CXL" node
-# 2 that HMAT describes as slower), chrooted into the real host's root over virtfs. Starts nested
-# QEMUs (TCG, no OS, RAM preallocated on node 2), vtismd, and the harness that plays the guests,
-# then checks what the issue asks. Results go to $OUT/results (PASS/FAIL lines) and $OUT/*.log.
+# Runs inside the emulated host (4 NUMA nodes: DRAM 0 and 1 on two sockets, CPU-less "CXL" nodes
+# 2 and 3 that HMAT describes as slower), chrooted into the real host's root over virtfs. Starts
+# nested QEMUs (TCG, no OS, RAM preallocated on a CXL node), vtismd, and the harness that plays
+# the guests, then checks what the issue asks. Results go to $OUT/results (PASS/FAIL lines) and $OUT/*.log.
 set -u
 REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
 OUT=${OUT:-/mnt}
@@ -59,14 +59,15 @@ wait_for() { # wait_for SECONDS COMMAND...: poll until the command succeeds
 	return 1
 }
 
-# start_vm NAME MIB CPU: a QEMU with no OS whose RAM is preallocated and bound to node 2, an
-# ivshmem channel, one QMP monitor for vtismd (in the scan directory) and one for the harness.
+# start_vm NAME MIB CPU [NODE]: a QEMU with no OS whose RAM is preallocated and bound to NODE
+# (default 2), an ivshmem channel, one QMP monitor for vtismd (in the scan directory) and one for
+# the harness.
 start_vm() {
-	local name=$1 mib=$2 cpu=$3
+	local name=$1 mib=$2 cpu=$3 node=${4:-2}
 	truncate -s 1M /dev/shm/vtism-$name.chan
 	taskset -c "$cpu" qemu-system-x86_64 -accel tcg,tb-size=4 -machine q35 -m ${mib}M,slots=2,maxmem=1G -smp 1 -S \
 		-display none -nodefaults -name "$name" \
-		-object memory-backend-ram,id=ram0,size=${mib}M,prealloc=on,host-nodes=2,policy=bind \
+		-object memory-backend-ram,id=ram0,size=${mib}M,prealloc=on,host-nodes=$node,policy=bind \
 		-numa node,nodeid=0,memdev=ram0 \
 		-object memory-backend-file,id=vtism-chan,mem-path=/dev/shm/vtism-$name.chan,size=1M,share=on \
 		-device ivshmem-plain,memdev=vtism-chan,id=vtism0 \
@@ -737,6 +738,79 @@ kill $PUB_P1 $PUB_P2 2>/dev/null
 kill -TERM "$(cat $W/vtismd.pid)"
 wait_for 10 bash -c "! kill -0 $(cat $W/vtismd.pid)" || fail "pool: daemon did not stop"
 echo "== pool and two-socket checks took $((SECONDS - T1))s"
+
+# Two CXL expanders promoting into node 0 at once (seed 002's double-promote experiment): q2's
+# RAM on node 2, q3's on node 3, both VMs on node 0's CPUs, every frame hot. Each VM holds 4 MiB
+# of fast memory, then a reload raises both quotas to 74 MiB and one plan promotes 68 MiB from
+# each node: first with one promotion worker for node 0 (sources take turns), then, on fresh
+# VMs, with a worker per source node on node 0's two CPUs. The mover's plan time gives each
+# run's throughput; the workers' peak inside move_pages shows the overlap. A VM holds its quota
+# less the engine's reserve (2 MiB, at most a quarter of the quota), in whole 2 MiB host folios.
+T2=$SECONDS
+write_sources_config() { # write_sources_config PARALLEL QUOTA_MIB
+	{
+		daemon_sections | sed "s/^\[mover\]\$/[mover]\nparallel_sources = $1/"
+		cat <<EOF
+[defaults]
+manage_discovered = false
+[[vm]]
+name = "q2"
+fast_quota_mib = $2
+[[vm]]
+name = "q3"
+fast_quota_mib = $2
+EOF
+	} >$W/sources.toml
+}
+start_sources_vms() {
+	start_vm q2 80 0 2
+	start_vm q3 80 2 3
+	$H publish /dev/shm/vtism-q2.chan 0x100+20224 200 >"$OUT/publish-q2.log" 2>&1 &
+	PUB_Q2=$!
+	$H publish /dev/shm/vtism-q3.chan 0x100+20224 200 >"$OUT/publish-q3.log" 2>&1 &
+	PUB_Q3=$!
+}
+mover_idle() { [ "$(metric '^vtism_mover_busy ')" = 0 ]; }
+promote_both() { # promote_both LABEL PARALLEL: raise both quotas to 74 MiB; writes "MIB SECONDS PEAK"
+	check "sources ($1): q2 and q3 hold 4 MiB of node 0" bash -c \
+		"$H fast $W/q2.harness 0 4 6 60 && $H fast $W/q3.harness 0 4 6 60"
+	wait_for 10 mover_idle
+	local s0 b0 s1 b1
+	s0=$(metric '^vtism_mover_plan_seconds_sum')
+	b0=$(metric 'vtism_vm_moved_bytes_total\{vm="q[23]",dir="promote"\}')
+	write_sources_config "$2" 74
+	kill -HUP "$(cat $W/vtismd.pid)"
+	check "sources ($1): both quotas raised to 74 MiB, 68 MiB from each node reach node 0" bash -c \
+		"$H fast $W/q2.harness 0 72 74 60 && $H fast $W/q3.harness 0 72 74 60"
+	wait_for 10 mover_idle
+	s1=$(metric '^vtism_mover_plan_seconds_sum')
+	b1=$(metric 'vtism_vm_moved_bytes_total\{vm="q[23]",dir="promote"\}')
+	echo "$(((b1 - b0) >> 20)) $(python3 -c "print(f'{$s1 - $s0:.3f}')") $(metric '^vtism_mover_lanes_moving_peak')" >"$OUT/sources-$1.txt"
+}
+write_sources_config false 6
+start_sources_vms
+start_daemon $W/sources.toml || fail "sources: daemon did not start"
+promote_both serial false
+read -r mib_s secs_s peak_s <"$OUT/sources-serial.txt"
+kill $PUB_Q2 $PUB_Q3
+kill "$(cat $W/q2.pid)" "$(cat $W/q3.pid)"
+gone_q() { [ "$(vm_field q2 name)" = absent ] && [ "$(vm_field q3 name)" = absent ]; }
+wait_for 20 gone_q || fail "sources: vtismd still lists q2 or q3 after QEMU exited"
+write_sources_config true 6
+kill -HUP "$(cat $W/vtismd.pid)"
+sleep 1
+start_sources_vms
+promote_both parallel true
+read -r mib_p secs_p peak_p <"$OUT/sources-parallel.txt"
+ratio=$(python3 -c "print(f'{($mib_p / $secs_p) / ($mib_s / $secs_s):.2f}')" 2>/dev/null || echo "?")
+summary="one worker: $mib_s MiB in $secs_s s, at most $peak_s worker moving; a worker per source: $mib_p MiB in $secs_p s, $peak_p at once; throughput ratio $ratio"
+[ "$peak_s" = 1 ] && [ "${peak_p:-0}" -ge 2 ] && pass "sources: nodes 2 and 3 promote into node 0 in parallel ($summary)" ||
+	fail "sources: want 1 worker moving at a time with parallel_sources = false and 2 with true ($summary)"
+echo "sources,$mib_s,$secs_s,$peak_s,$mib_p,$secs_p,$peak_p,$ratio" >>"$OUT/bench.txt"
+kill $PUB_Q2 $PUB_Q3 2>/dev/null
+kill -TERM "$(cat $W/vtismd.pid)"
+wait_for 10 bash -c "! kill -0 $(cat $W/vtismd.pid)" || fail "sources: daemon did not stop"
+echo "== parallel sources took $((SECONDS - T2))s"
 
 # Mover throughput vs memcpy in this emulated host (node 2 -> node 0).
 if [ "${VTISM_E2E_BENCH:-1}" = 1 ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end test of vtismd in an emulated host: boots Debian's 6.12 kernel under QEMU (TCG) with
-# three NUMA nodes (DRAM on two sockets + a CPU-less node HMAT marks as slower), shares the host
+# four NUMA nodes (DRAM on two sockets + two CPU-less nodes HMAT marks as slower), shares the host
 # root read-only over virtfs, and runs tests/host-e2e/inner.sh there against nested QEMUs.
 # Prints "N passed, M failed"; exits non-zero on any failure.
 #
@@ -41,7 +41,7 @@ trap 'rm -f "$initrd"; [ "${VTISM_E2E_KEEP:-0}" = 1 ] || rm -rf "$out"' EXIT
 tests/host-e2e/mkinitramfs.sh "$MODDIR" "$initrd"
 
 # shellcheck source=tests/lib/emuhost.sh
-. tests/lib/emuhost.sh
+EMUHOST_TWO_CXL=1 . tests/lib/emuhost.sh
 
 log "booting the emulated host (kernel $KVER)"
 set +e

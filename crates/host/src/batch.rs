@@ -113,11 +113,13 @@ impl BatchPage {
     }
 }
 
-/// Pages of one VM going to one node, one move_pages call.
+/// Pages of one VM going from one node to another, one move_pages call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub vm: VmId,
     pub pid: i32,
+    /// Where the plan found every page of it.
+    pub from: NodeId,
     pub to: NodeId,
     pub dir: Direction,
     pub pages: Vec<BatchPage>,
@@ -145,10 +147,10 @@ pub struct Batches {
 }
 
 /// Splits moves into batches of at most `batch_pages` frames (a hugetlbfs page bigger than that
-/// makes a batch of its own), grouped by (vm, destination, direction), keeping the plan's order
-/// inside a group.
+/// makes a batch of its own), grouped by (vm, destination, direction, source), keeping the plan's
+/// order inside a group.
 pub fn make_batches(moves: &[Move], batch_pages: usize, vms: &HashMap<VmId, VmTarget>) -> Batches {
-    type Key = (VmId, NodeId, Direction);
+    type Key = (VmId, NodeId, Direction, NodeId);
     let mut groups: BTreeMap<Key, Vec<BatchPage>> = BTreeMap::new();
     let mut order: Vec<Key> = Vec::new();
     let mut out = Batches::default();
@@ -157,7 +159,7 @@ pub fn make_batches(moves: &[Move], batch_pages: usize, vms: &HashMap<VmId, VmTa
             out.dropped += m.frames;
             continue;
         };
-        let key = (m.vm, m.to, m.kind.direction());
+        let key = (m.vm, m.to, m.kind.direction(), m.from);
         let g = groups.entry(key).or_insert_with(|| {
             order.push(key);
             Vec::new()
@@ -208,6 +210,7 @@ pub fn make_batches(moves: &[Move], batch_pages: usize, vms: &HashMap<VmId, VmTa
         let batch = |pages: Vec<BatchPage>| Batch {
             vm: key.0,
             pid,
+            from: key.3,
             to: key.1,
             dir: key.2,
             pages,
@@ -574,6 +577,7 @@ mod tests {
         let b = Batch {
             vm: VmId(1),
             pid: std::process::id() as i32,
+            from: NodeId(0),
             to: NodeId(0),
             dir: Direction::Promote,
             pages,

@@ -361,6 +361,12 @@ pub struct MoverConfig {
     pub reconcile_sweep_s: u64,
     /// Upper bound of pages queried per VM per round (after the first sweep, which is faster).
     pub reconcile_max_pages_per_round: u64,
+    /// A promotion worker per destination and source node, so that sources promote at once
+    /// (else one per destination node).
+    pub parallel_sources: bool,
+    /// Nice levels the demotion workers run below the daemon (0-19; 0 = the same priority):
+    /// guests and promotions come first, and a demotion still advances on a busy CPU.
+    pub demote_nice: i32,
 }
 
 impl Default for MoverConfig {
@@ -378,6 +384,8 @@ impl Default for MoverConfig {
             madvise_cold: false,
             reconcile_sweep_s: 60,
             reconcile_max_pages_per_round: 262_144,
+            parallel_sources: true,
+            demote_nice: 10,
         }
     }
 }
@@ -647,6 +655,9 @@ impl Config {
                 "mover.batch_pages",
                 "must be between 1 and 1048576",
             ));
+        }
+        if !(0..=19).contains(&m.demote_nice) {
+            return Err(invalid("mover.demote_nice", "must be between 0 and 19"));
         }
         if m.busy_retries > 100 {
             return Err(invalid("mover.busy_retries", "must be at most 100"));
@@ -1473,6 +1484,8 @@ mod tests {
         let cases = [
             ("[daemon]\ninterval_ms = 0\n", "daemon.interval_ms"),
             ("[mover]\nbatch_pages = 0\n", "mover.batch_pages"),
+            ("[mover]\ndemote_nice = 20\n", "mover.demote_nice"),
+            ("[mover]\ndemote_nice = -1\n", "mover.demote_nice"),
             ("[engine]\ndecay = 2.0\n", "engine.decay"),
             (
                 "[[vm]]\nname = \"a\"\nfast_quota_percent = 150\n",

@@ -104,6 +104,8 @@ fn start_mover(cfg: &Config, topo: &HostTopology) -> Mover {
             move_all: m.move_all,
             madvise_cold: m.madvise_cold,
         },
+        parallel_sources: m.parallel_sources,
+        demote_nice: m.demote_nice,
     };
     Mover::start(
         &nodes,
@@ -943,9 +945,6 @@ impl Daemon {
             .tiering
             .reconfigure(params, &limits, &leaving, engine, self.now())
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        if !restart {
-            self.topo.set_free_floors(&cfg.topology);
-        }
         if restart {
             self.mover.shutdown();
             self.mover = start_mover(&cfg, &topo);
@@ -955,6 +954,8 @@ impl Daemon {
                 // The new engine knows no folio yet.
                 self.place_folios(id);
             }
+        } else {
+            self.topo.set_free_floors(&cfg.topology);
         }
         {
             let now = Instant::now();
@@ -1138,6 +1139,7 @@ impl Daemon {
                 / (1u64 << 30) as f64,
             mover_busy: self.mover.busy(),
             mover_jobs: self.mover.gauges.jobs.load(Ordering::Relaxed),
+            mover_lanes_moving_peak: self.mover.gauges.lanes_moving_peak.load(Ordering::Relaxed),
             vms_dropped: self.registry.dropped,
             channel_faults: self.totals.channel_faults.clone(),
             admission_refused: self.discovery.counts.refused.clone(),

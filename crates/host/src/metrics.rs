@@ -64,6 +64,8 @@ pub struct DaemonStatus {
     pub managed_gib: f64,
     pub mover_busy: bool,
     pub mover_jobs: u64,
+    /// The most mover workers inside move_pages at once since the mover (re)started.
+    pub mover_lanes_moving_peak: u64,
     pub vms_dropped: u64,
     /// VMs let go because their channel file was truncated, resized or replaced, by fault.
     pub channel_faults: BTreeMap<&'static str, u64>,
@@ -826,7 +828,7 @@ impl NodeStatus {
         for d in DIRS {
             f.gauge(
                 "vtism_mover_queue_depth",
-                "Batches queued per destination node and direction.",
+                "Batches queued per node and direction (promotions into the node, demotions out of it).",
                 vec![("node", Cow::from(id.clone())), ("dir", d.label().into())],
                 self.mover_queued_batches.get(d),
             );
@@ -834,7 +836,7 @@ impl NodeStatus {
         for d in DIRS {
             f.counter(
                 "vtism_mover_worker_pages",
-                "Pages the node's mover worker handed to move_pages (batches to that node).",
+                "Pages the node's mover workers handed to move_pages (promotions into the node, demotions out of it).",
                 vec![("node", Cow::from(id.clone())), ("dir", d.label().into())],
                 self.mover_worker_pages.get(d),
             );
@@ -959,6 +961,12 @@ impl DaemonStatus {
             vec![],
             u64::from(self.mover_busy),
         );
+        f.gauge(
+            "vtism_mover_lanes_moving_peak",
+            "The most mover workers inside move_pages at once (promotions from several source nodes run in parallel).",
+            vec![],
+            self.mover_lanes_moving_peak,
+        );
         for d in DIRS {
             f.gauge(
                 "vtism_mover_limit_bytes_per_second",
@@ -1012,6 +1020,7 @@ mod tests {
                 rounds: 7,
                 cpu_seconds: 0.25,
                 mover_busy: true,
+                mover_lanes_moving_peak: 2,
                 kernel_tiering: KernelTiering {
                     numa_balancing: Some(2),
                     demotion_enabled: None,
@@ -1093,6 +1102,7 @@ mod tests {
         );
         assert!(t.contains("vtism_process_cpu_seconds_total 0.25\n"), "{t}");
         assert!(t.contains("vtism_mover_busy 1\n"), "{t}");
+        assert!(t.contains("vtism_mover_lanes_moving_peak 2\n"), "{t}");
         assert!(t.contains("vtism_host_numa_balancing 2\n"), "{t}");
         assert!(
             !t.contains("vtism_host_kernel_demotion_enabled"),

@@ -1,11 +1,14 @@
 //! Where pages move: a coordinator thread runs one plan at a time, phase by phase (promotions
-//! that fit, demotions, promotions into the room they freed), over one worker thread per
-//! destination node, pinned near its node. Workers serve promotions before demotions, pace each
-//! VM by its own rate limit and let a throttled VM's batches wait behind the others'. A plan's
-//! promotions that needed demotions which fell short are dropped, so no VM exceeds its quota.
+//! that fit, demotions, promotions into the room they freed), over worker threads in lanes
+//! (seed 002's queue pairs per node): promotions on a lane per destination and source node, on
+//! the destination's CPUs, so that several source nodes promote at once; demotions on a lane per
+//! source node, on its CPUs, at a lower priority (nice), so that guests and promotions come
+//! first and demotions still advance. Workers pace each VM by its own rate limit and let a throttled VM's batches wait behind
+//! the others'. A plan's promotions that needed demotions which fell short are dropped, so no VM
+//! exceeds its quota.
 
 use crate::batch::{
-    execute_batch, make_batches, BatchResult, Batches, CallSettings, PageOutcome, VmTarget,
+    execute_batch, make_batches, Batch, BatchResult, Batches, CallSettings, PageOutcome, VmTarget,
 };
 use crate::rate::Limits;
 use crate::sys;
@@ -23,6 +26,10 @@ pub struct MoverSettings {
     /// Pages per move_pages(2) call.
     pub batch_pages: usize,
     pub call: CallSettings,
+    /// A promotion lane per source node (else one per destination: sources take turns).
+    pub parallel_sources: bool,
+    /// Nice levels the demotion workers run below the daemon.
+    pub demote_nice: i32,
 }
 
 /// What one VM's moves did, per plan or summed over the daemon's life.
@@ -115,24 +122,125 @@ impl Completion {
     }
 }
 
-#[derive(Default)]
-struct Queues {
-    promote: VecDeque<Work>,
-    demote: VecDeque<Work>,
+/// The worker a batch runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lane {
+    /// Promotions into `to` (from `from`, when sources promote in parallel), on `to`'s CPUs.
+    Promote { to: NodeId, from: Option<NodeId> },
+    /// Demotions out of `from`, on its CPUs, at a lower priority.
+    Demote { from: NodeId },
 }
 
-impl Queues {
-    fn of(&mut self, dir: Direction) -> &mut VecDeque<Work> {
-        match dir {
-            Direction::Promote => &mut self.promote,
-            Direction::Demote => &mut self.demote,
+impl Lane {
+    fn of(b: &Batch, parallel_sources: bool) -> Lane {
+        match b.dir {
+            Direction::Promote => Lane::Promote {
+                to: b.to,
+                from: parallel_sources.then_some(b.from),
+            },
+            Direction::Demote => Lane::Demote { from: b.from },
+        }
+    }
+
+    /// The node whose CPUs run the lane, and whose worker its pages count for.
+    pub fn node(self) -> NodeId {
+        match self {
+            Lane::Promote { to, .. } => to,
+            Lane::Demote { from } => from,
+        }
+    }
+
+    pub fn dir(self) -> Direction {
+        match self {
+            Lane::Promote { .. } => Direction::Promote,
+            Lane::Demote { .. } => Direction::Demote,
+        }
+    }
+
+    /// A thread name (15 bytes, what Linux keeps, up to node 99): `vtism-mv-p0-2` promotes
+    /// from 2 into 0, `vtism-mv-d0` demotes out of 0.
+    fn thread_name(self) -> String {
+        match self {
+            Lane::Promote { to, from: Some(f) } => format!("vtism-mv-p{}-{}", to.0, f.0),
+            Lane::Promote { to, from: None } => format!("vtism-mv-p{}", to.0),
+            Lane::Demote { from } => format!("vtism-mv-d{}", from.0),
         }
     }
 }
 
-struct NodeWorker {
-    queues: Mutex<Queues>,
+struct LaneWorker {
+    queue: Mutex<VecDeque<Work>>,
     cv: Condvar,
+}
+
+/// The lanes a mover has started, each with its thread; a lane starts with its first batch.
+struct Lanes {
+    /// CPUs near each node (its own, or the nearest node's for a CPU-less node).
+    cpus: HashMap<NodeId, Vec<u32>>,
+    settings: MoverSettings,
+    lanes: HashMap<Lane, Arc<LaneWorker>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    limits: Arc<Mutex<Limits>>,
+    gauges: Arc<MoverGauges>,
+}
+
+impl Lanes {
+    /// The lane's worker, started now if it is the lane's first batch; `None` for a node the
+    /// mover does not know (or a thread that cannot start).
+    fn get(&mut self, lane: Lane) -> Option<Arc<LaneWorker>> {
+        if let Some(w) = self.lanes.get(&lane) {
+            return Some(w.clone());
+        }
+        let cpus = self.cpus.get(&lane.node())?.clone();
+        let w = Arc::new(LaneWorker {
+            queue: Mutex::new(VecDeque::new()),
+            cv: Condvar::new(),
+        });
+        let (wc, stop, call, limits, gauges) = (
+            w.clone(),
+            self.stop.clone(),
+            self.settings.call.clone(),
+            self.limits.clone(),
+            self.gauges.clone(),
+        );
+        let nice = match lane.dir() {
+            Direction::Demote => self.settings.demote_nice,
+            Direction::Promote => 0,
+        };
+        let spawned = std::thread::Builder::new()
+            .name(lane.thread_name())
+            .spawn(move || {
+                if let Err(e) = sys::pin_current_thread(&cpus) {
+                    tracing::warn!(lane = ?lane, error = %e, "cannot pin mover worker");
+                }
+                if nice > 0 {
+                    if let Err(e) = sys::lower_current_thread_priority(nice) {
+                        tracing::warn!(lane = ?lane, nice, error = %e, "cannot lower the demotion worker's priority");
+                    }
+                }
+                worker_loop(lane, &wc, &stop, &call, &limits, &gauges)
+            });
+        match spawned {
+            Ok(t) => self.threads.push(t),
+            Err(e) => {
+                tracing::warn!(lane = ?lane, error = %e, "cannot start a mover worker");
+                return None;
+            }
+        }
+        self.lanes.insert(lane, w.clone());
+        Some(w)
+    }
+
+    /// Wakes every worker (to see the stop) and waits for them.
+    fn join(&mut self) {
+        for w in self.lanes.values() {
+            w.cv.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Pages or batches per node and direction.
@@ -141,13 +249,16 @@ pub type PerNodeDir = BTreeMap<(NodeId, Direction), u64>;
 /// Shared state the daemon reads for metrics.
 #[derive(Default)]
 pub struct MoverGauges {
-    /// Batches queued, per destination node.
+    /// Batches queued, per node (promotions into it, demotions out of it).
     pub queued: Mutex<PerNodeDir>,
-    /// Pages each node's worker handed to move_pages: a batch is only ever executed by the
-    /// worker of its destination node.
+    /// Pages each node's workers handed to move_pages: promotions count for their destination
+    /// node, demotions for their source node.
     pub executed_pages: Mutex<PerNodeDir>,
     pub busy: AtomicBool,
     pub jobs: AtomicU64,
+    /// Workers inside move_pages now, and the most there were at once.
+    pub lanes_moving: AtomicU64,
+    pub lanes_moving_peak: AtomicU64,
 }
 
 impl MoverGauges {
@@ -181,72 +292,50 @@ pub struct Job {
 }
 
 impl Mover {
-    /// `nodes`: (node id, CPUs its worker is pinned to).
+    /// `nodes`: (node id, the CPUs near it, where its lanes run).
     pub fn start(nodes: &[(NodeId, Vec<u32>)], settings: MoverSettings, limits: Limits) -> Mover {
         let stop = Arc::new(AtomicBool::new(false));
         let gauges = Arc::new(MoverGauges::default());
         let limits = Arc::new(Mutex::new(limits));
-        let mut threads = Vec::new();
-        let mut workers: HashMap<NodeId, Arc<NodeWorker>> = HashMap::new();
-        for (node, cpus) in nodes {
-            let w = Arc::new(NodeWorker {
-                queues: Mutex::new(Queues::default()),
-                cv: Condvar::new(),
-            });
-            workers.insert(*node, w.clone());
-            let (stop, call, limits, cpus, gauges, node) = (
-                stop.clone(),
-                settings.call.clone(),
-                limits.clone(),
-                cpus.clone(),
-                gauges.clone(),
-                *node,
-            );
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("vtism-mover-n{}", node.0))
-                    .spawn(move || {
-                        if let Err(e) = sys::pin_current_thread(&cpus) {
-                            tracing::warn!(node = node.0, error = %e, "cannot pin mover worker");
-                        }
-                        worker_loop(node, &w, &stop, &call, &limits, &gauges)
-                    })
-                    .expect("spawn mover worker"),
-            );
-        }
+        let batch_pages = settings.batch_pages;
+        let parallel_sources = settings.parallel_sources;
+        let mut lanes = Lanes {
+            cpus: nodes.iter().cloned().collect(),
+            settings,
+            lanes: HashMap::new(),
+            threads: Vec::new(),
+            stop: stop.clone(),
+            limits: limits.clone(),
+            gauges: gauges.clone(),
+        };
         let (tx, rx) = mpsc::channel::<Job>();
         let (tx_done, rx_done) = mpsc::channel::<JobReport>();
-        {
+        let coordinator = {
             let (stop, gauges) = (stop.clone(), gauges.clone());
-            let batch_pages = settings.batch_pages;
-            threads.push(
-                std::thread::Builder::new()
-                    .name("vtism-mover".into())
-                    .spawn(move || {
-                        while let Ok(job) = rx.recv() {
-                            if stop.load(Ordering::SeqCst) {
-                                break;
-                            }
-                            gauges.busy.store(true, Ordering::SeqCst);
-                            let r = run_job(job, &workers, batch_pages, &gauges);
-                            gauges.busy.store(false, Ordering::SeqCst);
-                            gauges.jobs.fetch_add(1, Ordering::Relaxed);
-                            if tx_done.send(r).is_err() {
-                                break;
-                            }
+            std::thread::Builder::new()
+                .name("vtism-mover".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
                         }
-                        for w in workers.values() {
-                            w.cv.notify_all();
+                        gauges.busy.store(true, Ordering::SeqCst);
+                        let r = run_job(job, &mut lanes, batch_pages, parallel_sources, &gauges);
+                        gauges.busy.store(false, Ordering::SeqCst);
+                        gauges.jobs.fetch_add(1, Ordering::Relaxed);
+                        if tx_done.send(r).is_err() {
+                            break;
                         }
-                    })
-                    .expect("spawn mover"),
-            );
-        }
+                    }
+                    lanes.join();
+                })
+                .expect("spawn mover")
+        };
         Mover {
             tx: Some(tx),
             rx_done,
             stop,
-            threads,
+            threads: vec![coordinator],
             gauges,
             limits,
             next_id: 1,
@@ -304,8 +393,9 @@ impl Drop for Mover {
 
 fn run_job(
     job: Job,
-    workers: &HashMap<NodeId, Arc<NodeWorker>>,
+    lanes: &mut Lanes,
     batch_pages: usize,
+    parallel_sources: bool,
     gauges: &MoverGauges,
 ) -> JobReport {
     let start = Instant::now();
@@ -352,20 +442,19 @@ fn run_job(
         }
         let done = Completion::new(batches.len());
         for b in batches {
-            let Some(w) = workers.get(&b.to) else {
+            let lane = Lane::of(&b, parallel_sources);
+            let Some(w) = lanes.get(lane) else {
                 done.finish(BatchResult::not_run(&b, true));
                 continue;
             };
-            let (node, dir) = (b.to, b.dir);
-            w.queues
+            w.queue
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .of(dir)
                 .push_back(Work {
                     batch: b,
                     done: done.clone(),
                 });
-            MoverGauges::add(&gauges.queued, node, dir, 1);
+            MoverGauges::add(&gauges.queued, lane.node(), lane.dir(), 1);
             w.cv.notify_one();
         }
         for r in done.wait() {
@@ -396,15 +485,16 @@ fn run_job(
 }
 
 fn worker_loop(
-    node: NodeId,
-    w: &NodeWorker,
+    lane: Lane,
+    w: &LaneWorker,
     stop: &AtomicBool,
     call: &CallSettings,
     limits: &Mutex<Limits>,
     gauges: &MoverGauges,
 ) {
+    let (node, dir) = (lane.node(), lane.dir());
     while let Some(work) = next_work(w, stop, limits) {
-        let (dir, bytes) = (work.batch.dir, work.batch.bytes());
+        let bytes = work.batch.bytes();
         MoverGauges::add(&gauges.queued, node, dir, -1);
         let wait = limits.lock().unwrap_or_else(|e| e.into_inner()).take(
             work.batch.vm,
@@ -419,7 +509,10 @@ fn worker_loop(
                 std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
             }
         }
+        let now = gauges.lanes_moving.fetch_add(1, Ordering::SeqCst) + 1;
+        gauges.lanes_moving_peak.fetch_max(now, Ordering::SeqCst);
         let r = execute_batch(&work.batch, call);
+        gauges.lanes_moving.fetch_sub(1, Ordering::SeqCst);
         MoverGauges::add(
             &gauges.executed_pages,
             node,
@@ -432,32 +525,22 @@ fn worker_loop(
 
 /// The next batch for a worker, waiting for one; `None` once the mover stops (what is queued
 /// then is dropped, and the phases waiting on it are released).
-fn next_work(w: &NodeWorker, stop: &AtomicBool, limits: &Mutex<Limits>) -> Option<Work> {
-    let mut q = w.queues.lock().unwrap_or_else(|e| e.into_inner());
+fn next_work(w: &LaneWorker, stop: &AtomicBool, limits: &Mutex<Limits>) -> Option<Work> {
+    let mut q = w.queue.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if stop.load(Ordering::SeqCst) {
-            let mut rest: Vec<Work> = q.promote.drain(..).collect();
-            rest.extend(q.demote.drain(..));
+            let rest: Vec<Work> = q.drain(..).collect();
             drop(q);
             for wk in rest {
                 wk.done.finish(BatchResult::not_run(&wk.batch, false));
             }
             return None;
         }
-        // Promotions first: they are what the VM is waiting for. A batch whose VM is over its
-        // own rate limit lets other VMs' batches go first.
-        if let Some(i) = pick_ready(&q, limits) {
-            let np = q.promote.len();
-            let wk = if i < np {
-                q.promote.remove(i)
-            } else {
-                q.demote.remove(i - np)
-            };
-            if wk.is_some() {
-                return wk;
-            }
+        // A batch whose VM is over its own rate limit lets other VMs' batches go first.
+        if let Some(wk) = pick_ready(&q, limits).and_then(|i| q.remove(i)) {
+            return Some(wk);
         }
-        if let Some(wk) = q.promote.pop_front().or_else(|| q.demote.pop_front()) {
+        if let Some(wk) = q.pop_front() {
             return Some(wk);
         }
         q =
@@ -467,12 +550,11 @@ fn next_work(w: &NodeWorker, stop: &AtomicBool, limits: &Mutex<Limits>) -> Optio
     }
 }
 
-/// Index (promote queue first, then demote) of the first batch whose VM is not held back by its
-/// own rate limit.
-fn pick_ready(q: &Queues, limits: &Mutex<Limits>) -> Option<usize> {
+/// Index of the first batch whose VM is not held back by its own rate limit.
+fn pick_ready(q: &VecDeque<Work>, limits: &Mutex<Limits>) -> Option<usize> {
     let mut l = limits.lock().unwrap_or_else(|e| e.into_inner());
     let now = Instant::now();
-    q.promote.iter().chain(q.demote.iter()).position(|wk| {
+    q.iter().position(|wk| {
         let b = &wk.batch;
         !l.vm_throttled(b.vm, b.dir, b.bytes(), now)
     })
@@ -513,6 +595,7 @@ mod tests {
             batch: Batch {
                 vm: VmId(vm),
                 pid: 1,
+                from: NodeId(2),
                 to: NodeId(0),
                 dir: Direction::Promote,
                 pages: vec![
@@ -527,11 +610,11 @@ mod tests {
             },
             done: done.clone(),
         };
-        let mut q = Queues::default();
-        q.promote.push_back(work(1));
-        q.promote.push_back(work(2));
+        let mut q = VecDeque::new();
+        q.push_back(work(1));
+        q.push_back(work(2));
         assert_eq!(pick_ready(&q, &limits), Some(1), "VM 2's batch goes first");
-        q.promote.remove(1);
+        q.remove(1);
         assert_eq!(
             pick_ready(&q, &limits),
             None,
@@ -539,11 +622,58 @@ mod tests {
         );
     }
 
-    /// A plan with moves to two nodes: each batch is executed by its destination node's worker
-    /// (real threads and real move_pages calls on this process; node 1 may not exist here, which
-    /// only fails those pages).
+    /// A thread's nice value, from its stat (the 19th field; the 2nd, its name, is in parens).
+    fn nice_of(stat: &str) -> i32 {
+        let s = std::fs::read_to_string(stat).unwrap();
+        let after = &s[s.rfind(')').unwrap() + 2..];
+        after.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    fn batch(from: u8, to: u8, dir: Direction) -> Batch {
+        Batch {
+            vm: VmId(1),
+            pid: 1,
+            from: NodeId(from),
+            to: NodeId(to),
+            dir,
+            pages: Vec::new(),
+        }
+    }
+
     #[test]
-    fn batches_run_on_their_destination_nodes_worker() {
+    fn promotions_queue_by_destination_and_source_demotions_by_source() {
+        let p = |to, from| Lane::Promote {
+            to: NodeId(to),
+            from,
+        };
+        let b = batch(2, 0, Direction::Promote);
+        assert_eq!(Lane::of(&b, true), p(0, Some(NodeId(2))));
+        assert_eq!(Lane::of(&b, false), p(0, None), "sources take turns");
+        let c = batch(3, 0, Direction::Promote);
+        assert_ne!(
+            Lane::of(&b, true),
+            Lane::of(&c, true),
+            "two sources, two lanes"
+        );
+        assert_eq!(
+            Lane::of(&b, true).node(),
+            NodeId(0),
+            "on the destination's CPUs"
+        );
+        let d = batch(0, 2, Direction::Demote);
+        assert_eq!(Lane::of(&d, true), Lane::Demote { from: NodeId(0) });
+        assert_eq!(Lane::of(&d, true).node(), NodeId(0), "on the source's CPUs");
+        for l in [Lane::of(&b, true), Lane::of(&b, false), Lane::of(&d, true)] {
+            assert!(l.thread_name().len() <= 15, "{}", l.thread_name());
+        }
+        assert_eq!(p(10, Some(NodeId(11))).thread_name(), "vtism-mv-p10-11");
+    }
+
+    /// A plan with moves to two nodes: each promotion is executed by its destination node's
+    /// lane, each demotion by its source node's (real threads and real move_pages calls on this
+    /// process; node 1 may not exist here, which only fails those pages).
+    #[test]
+    fn batches_run_on_their_lanes() {
         let mut buf = vec![1u8; 17 * 4096];
         let base = (buf.as_mut_ptr() as u64 + 4095) & !4095;
         let mem = GuestMemory::new(vec![MappedRange {
@@ -560,6 +690,8 @@ mod tests {
                 move_all: false,
                 madvise_cold: false,
             },
+            parallel_sources: true,
+            demote_nice: 10,
         };
         let mut m = Mover::start(
             &[
@@ -592,11 +724,27 @@ mod tests {
             done,
             [
                 ((NodeId(0), Direction::Promote), 2),
+                ((NodeId(0), Direction::Demote), 3),
                 ((NodeId(1), Direction::Promote), 6),
-                ((NodeId(2), Direction::Demote), 3)
             ]
             .into(),
-            "pages per worker and direction"
+            "pages per worker and direction: demotions out of node 0 on node 0's lane"
+        );
+        assert!(m.gauges.lanes_moving_peak.load(Ordering::SeqCst) >= 1);
+        assert_eq!(m.gauges.lanes_moving.load(Ordering::SeqCst), 0);
+        let own = nice_of("/proc/thread-self/stat");
+        let demoting = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm")).unwrap_or_default()
+                    == "vtism-mv-d0\n"
+            })
+            .expect("node 0's demotion worker");
+        assert_eq!(
+            nice_of(&demoting.path().join("stat").to_string_lossy()),
+            (own + 10).min(19),
+            "the demotion worker runs 10 nice levels below"
         );
         m.shutdown();
         drop(buf);

@@ -216,6 +216,19 @@ pub fn pin_current_thread(cpus: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
+/// Lowers the calling thread's priority by `by` nice levels, to at most 19 (Linux keeps a nice
+/// value per thread, and `who` 0 is the calling one; lowering needs no privilege).
+pub fn lower_current_thread_priority(by: i32) -> io::Result<()> {
+    // SAFETY: plain integer arguments; who 0 is the calling thread.
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    // SAFETY: as above.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, (now + by).min(19)) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// True if the process exists (signal 0).
 pub fn process_alive(pid: i32) -> bool {
     // SAFETY: signal 0 checks existence and permission only.
