@@ -53,8 +53,8 @@ pub struct ManagedVm {
     /// Split blocks seen mapped huge again (khugepaged collapsed them).
     pub folio_recollapses: u64,
     pub home: Option<NodeId>,
-    /// A different home seen at the last refresh (moved only when seen twice in a row).
-    home_candidate: Option<NodeId>,
+    /// A different home seen at every refresh since the instant given (`follow_home`).
+    home_candidate: Option<(NodeId, Instant)>,
     pub attached: Instant,
     last_refresh: Instant,
     /// A reset or device event seen, its re-read not started yet (`resync_min_interval_ms`).
@@ -493,27 +493,59 @@ impl ManagedVm {
         }
     }
 
-    /// The home node follows the vCPU threads (unless the configuration names it); an answer
-    /// that differs from the current home moves it only when the next refresh agrees, so vCPUs
-    /// that merely wander for a moment do not redirect promotions. True if it moved.
+    /// The home node follows the vCPU threads (unless the configuration names it). Threads
+    /// pinned to a new node move it when the next refresh agrees; threads the scheduler merely
+    /// ran elsewhere move it only once every refresh for `WANDERING_HOME_SETTLE` has agreed, since
+    /// a new home brings the VM's fast memory along: an unpinned VM the scheduler moves between
+    /// sockets every minute would otherwise carry its DRAM across each time (the testbed's did,
+    /// 18 MiB a minute). True if it moved.
     fn follow_home(&mut self, info: &VmInfo, topo: &HostTopology) -> bool {
         if self.settings.home_node.is_some() {
             return false;
         }
-        let seen = vm::home_node(info.pid, &info.vcpu_threads, |c| topo.node_of_cpu(c))
-            .filter(|h| topo.node(*h).is_some());
-        if seen.is_none() || seen == self.home {
-            self.home_candidate = None;
+        let seen = vm::home_node_and_basis(info.pid, &info.vcpu_threads, |c| topo.node_of_cpu(c))
+            .filter(|(h, _)| topo.node(*h).is_some());
+        let now = Instant::now();
+        let Some(moved) = next_home(self.home, &mut self.home_candidate, seen, now) else {
             return false;
-        }
-        if self.home_candidate != seen {
-            self.home_candidate = seen;
-            return false;
-        }
-        info!(vm = %self.name, from = ?self.home.map(|h| h.0), to = ?seen.map(|h| h.0), "home node changed (vCPU threads moved)");
-        self.home = seen;
-        self.home_candidate = None;
+        };
+        info!(vm = %self.name, from = ?self.home.map(|h| h.0), to = moved.0, "home node changed (vCPU threads moved)");
+        self.home = Some(moved);
         true
+    }
+}
+
+/// How long an unpinned VM's vCPU threads must keep to a new node before it is their home.
+pub const WANDERING_HOME_SETTLE: Duration = Duration::from_secs(300);
+
+/// The home after a refresh that found `seen`: a pinned one when two refreshes in a row agree, a
+/// wandering one when every refresh for `WANDERING_HOME_SETTLE` has; `None` while it stays.
+fn next_home(
+    home: Option<NodeId>,
+    candidate: &mut Option<(NodeId, Instant)>,
+    seen: Option<(NodeId, vm::HomeBasis)>,
+    now: Instant,
+) -> Option<NodeId> {
+    let Some((node, basis)) = seen.filter(|(n, _)| Some(*n) != home) else {
+        *candidate = None;
+        return None;
+    };
+    let since = match *candidate {
+        Some((c, since)) if c == node => since,
+        _ => {
+            *candidate = Some((node, now));
+            return None;
+        }
+    };
+    let settled = match basis {
+        vm::HomeBasis::Confined => true,
+        vm::HomeBasis::LastRan => now.duration_since(since) >= WANDERING_HOME_SETTLE,
+    };
+    if settled {
+        *candidate = None;
+        Some(node)
+    } else {
+        None
     }
 }
 
@@ -521,6 +553,58 @@ impl ManagedVm {
 mod tests {
     use super::*;
     use crate::mtree::MappedRange;
+
+    #[test]
+    fn a_pinned_home_moves_at_once_a_wandering_one_once_it_has_settled() {
+        use vm::HomeBasis::{Confined, LastRan};
+        let t0 = Instant::now();
+        let (n0, n1) = (NodeId(0), NodeId(1));
+        let mut c = None;
+        // Pinned to node 1: the second refresh that agrees moves the home.
+        assert_eq!(next_home(Some(n0), &mut c, Some((n1, Confined)), t0), None);
+        assert_eq!(
+            next_home(
+                Some(n0),
+                &mut c,
+                Some((n1, Confined)),
+                t0 + Duration::from_secs(10)
+            ),
+            Some(n1)
+        );
+        // Last ran on node 1: not for a minute, nor after a refresh back on node 0.
+        let mut c = None;
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(
+            next_home(Some(n0), &mut c, Some((n1, LastRan)), at(0)),
+            None
+        );
+        assert_eq!(
+            next_home(Some(n0), &mut c, Some((n1, LastRan)), at(60)),
+            None
+        );
+        assert_eq!(
+            next_home(Some(n0), &mut c, Some((n0, LastRan)), at(70)),
+            None
+        );
+        assert_eq!(c, None, "back home: the count starts over");
+        assert_eq!(
+            next_home(Some(n0), &mut c, Some((n1, LastRan)), at(80)),
+            None
+        );
+        assert_eq!(
+            next_home(Some(n0), &mut c, Some((n1, LastRan)), at(370)),
+            None
+        );
+        assert_eq!(
+            next_home(Some(n0), &mut c, Some((n1, LastRan)), at(380)),
+            Some(n1),
+            "five minutes on node 1"
+        );
+        // No answer (threads unreadable) keeps the home and forgets the candidate.
+        let mut c = Some((n1, t0));
+        assert_eq!(next_home(Some(n0), &mut c, None, at(400)), None);
+        assert_eq!(c, None);
+    }
 
     /// A split block seen split, then huge again, counts once; one the kernel never split is
     /// forgotten without counting.

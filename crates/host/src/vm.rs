@@ -408,6 +408,15 @@ pub fn last_cpu_from_stat(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(39 - 3)?.parse().ok()
 }
 
+/// Why a node is a VM's home.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HomeBasis {
+    /// Every vCPU thread may run only there (pinned: libvirt `<vcpupin>`, taskset).
+    Confined,
+    /// Most vCPU threads last ran there (the scheduler may move them again).
+    LastRan,
+}
+
 /// The VM's home node: the one node all vCPUs are confined to, else the node most vCPUs last
 /// ran on.
 pub fn home_node(
@@ -415,6 +424,15 @@ pub fn home_node(
     vcpus: &[i32],
     node_of_cpu: impl Fn(u32) -> Option<NodeId>,
 ) -> Option<NodeId> {
+    home_node_and_basis(pid, vcpus, node_of_cpu).map(|(n, _)| n)
+}
+
+/// `home_node`, and why.
+pub fn home_node_and_basis(
+    pid: i32,
+    vcpus: &[i32],
+    node_of_cpu: impl Fn(u32) -> Option<NodeId>,
+) -> Option<(NodeId, HomeBasis)> {
     let mut confined: Option<BTreeSet<NodeId>> = Some(BTreeSet::new());
     let mut votes = std::collections::BTreeMap::<NodeId, u32>::new();
     for &t in vcpus {
@@ -429,13 +447,13 @@ pub fn home_node(
     }
     if let Some(set) = confined {
         if set.len() == 1 {
-            return set.into_iter().next();
+            return set.into_iter().next().map(|n| (n, HomeBasis::Confined));
         }
     }
     votes
         .into_iter()
         .max_by_key(|&(n, c)| (c, std::cmp::Reverse(n)))
-        .map(|(n, _)| n)
+        .map(|(n, _)| (n, HomeBasis::LastRan))
 }
 
 #[cfg(test)]
