@@ -729,6 +729,11 @@ if wait_for 30 node0_back; then
 else
 	fail "watermark: node 0 at $(node0_free_mib) MiB free (watermark 64); $(cat "$OUT/hog2.log")"
 fi
+wm=$(metric '^vtism_watermark_demoted_bytes_total ')
+hm=$(metric 'vtism_planned_bytes_total\{kind="home"\}')
+[ "${wm:-0}" -gt 0 ] && [ "${hm:-0}" -gt 0 ] &&
+	pass "watermark: the metrics count $((wm >> 20)) MiB demoted for the watermark and $((hm >> 20)) MiB moved home" ||
+	fail "watermark: vtism_watermark_demoted_bytes_total $wm, vtism_planned_bytes_total{kind=home} $hm"
 check "watermark: the hog that filled node 0 is untouched" kill -0 "$HOG2"
 kill "$HOG2"
 ctl status >"$OUT/status-pool.txt" 2>&1

@@ -33,8 +33,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use vtism_engine::{
-    Direction, FastPool, Nanos, NodeId, Observation, PlanContext, QuotaChange, SplitRequest,
-    Tiering, VmId, VmLimits, VmSpec, VtismPolicy,
+    Direction, FastPool, MoveKind, Nanos, NodeId, Observation, PlanContext, QuotaChange,
+    SplitRequest, Tiering, VmId, VmLimits, VmSpec, VtismPolicy,
 };
 use vtism_proto::{Gfn, FRAME_SIZE};
 
@@ -46,6 +46,10 @@ struct Totals {
     last_round_seconds: f64,
     round_cpu_seconds: f64,
     planned_bytes: u64,
+    /// Bytes of the plans handed to the mover, by kind of move.
+    planned_by_kind: BTreeMap<&'static str, u64>,
+    /// Bytes demoted to restore fast nodes' free watermark.
+    watermark_bytes: u64,
     /// VMs let go because their channel file changed under the daemon, by fault.
     channel_faults: BTreeMap<&'static str, u64>,
 }
@@ -117,6 +121,16 @@ fn start_mover(cfg: &Config, topo: &HostTopology) -> Mover {
 fn make_engine(cfg: &Config, topo: &HostTopology) -> anyhow::Result<VtismPolicy> {
     VtismPolicy::new(topo.engine.clone(), cfg.engine.clone())
         .map_err(|e| anyhow::anyhow!("engine.{}: {}", e.field, e.problem))
+}
+
+/// A move kind as a metric label.
+fn kind_label(k: MoveKind) -> &'static str {
+    match k {
+        MoveKind::Promote => "promote",
+        MoveKind::Demote => "demote",
+        MoveKind::Refill => "refill",
+        MoveKind::Home => "home",
+    }
 }
 
 fn mib(b: u64) -> f64 {
@@ -766,6 +780,14 @@ impl Daemon {
         }
         self.totals.plans += 1;
         self.totals.planned_bytes += out.planned_bytes();
+        self.totals.watermark_bytes += out.plan.stats.watermark_bytes;
+        for m in &out.plan.moves {
+            *self
+                .totals
+                .planned_by_kind
+                .entry(kind_label(m.kind))
+                .or_default() += m.frames * FRAME_SIZE;
+        }
         debug!(
             moves = out.plan.moves.len(),
             deferred = out.deferred.len(),
@@ -1128,6 +1150,8 @@ impl Daemon {
             rounds: self.totals.rounds,
             plans: self.totals.plans,
             planned_bytes: self.totals.planned_bytes,
+            planned_by_kind: self.totals.planned_by_kind.clone(),
+            watermark_bytes: self.totals.watermark_bytes,
             cpu_seconds: sys::process_cpu_seconds(),
             round_cpu_seconds: self.totals.round_cpu_seconds,
             last_round_seconds: self.totals.last_round_seconds,

@@ -55,6 +55,10 @@ pub struct DaemonStatus {
     /// Non-empty plans handed to the mover.
     pub plans: u64,
     pub planned_bytes: u64,
+    /// Bytes of the plans by kind of move (`promote`, `demote`, `refill`, `home`).
+    pub planned_by_kind: BTreeMap<&'static str, u64>,
+    /// Bytes demoted to restore fast nodes' free watermark (`topology.free_watermark_mib`).
+    pub watermark_bytes: u64,
     /// Daemon CPU time (user + system).
     pub cpu_seconds: f64,
     /// Main-loop CPU time spent in rounds.
@@ -955,6 +959,20 @@ impl DaemonStatus {
             vec![],
             self.plans,
         );
+        for (kind, bytes) in &self.planned_by_kind {
+            f.counter(
+                "vtism_planned_bytes",
+                "Bytes of the plans handed to the mover, by kind of move (home: to the fast node nearest the VM's home).",
+                vec![("kind", Cow::from(*kind))],
+                *bytes,
+            );
+        }
+        f.counter(
+            "vtism_watermark_demoted_bytes",
+            "Bytes planned for demotion to restore fast nodes' free watermark (topology.free_watermark_mib).",
+            vec![],
+            self.watermark_bytes,
+        );
         f.gauge(
             "vtism_mover_busy",
             "1 while a plan is being executed.",
@@ -1020,6 +1038,8 @@ mod tests {
                 rounds: 7,
                 cpu_seconds: 0.25,
                 mover_busy: true,
+                planned_by_kind: [("home", 4096)].into(),
+                watermark_bytes: 8192,
                 mover_lanes_moving_peak: 2,
                 kernel_tiering: KernelTiering {
                     numa_balancing: Some(2),
@@ -1102,6 +1122,14 @@ mod tests {
         );
         assert!(t.contains("vtism_process_cpu_seconds_total 0.25\n"), "{t}");
         assert!(t.contains("vtism_mover_busy 1\n"), "{t}");
+        assert!(
+            t.contains("vtism_planned_bytes_total{kind=\"home\"} 4096\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("vtism_watermark_demoted_bytes_total 8192\n"),
+            "{t}"
+        );
         assert!(t.contains("vtism_mover_lanes_moving_peak 2\n"), "{t}");
         assert!(t.contains("vtism_host_numa_balancing 2\n"), "{t}");
         assert!(
