@@ -26,7 +26,7 @@
 //!                        the quotas' sum within total at every sample, for <seconds> or until
 //!                        <file> exists
 //!   e2e-harness hog      <node> <keep-free-mib> [once]
-//!                        allocates (and touches) memory on <node> until the node's MemFree is
+//!                        allocates (and touches) memory on <node> until the node's free memory is
 //!                        below keep-free-mib or the kernel places no more there, and keeps it so
 //!                        for as long as it runs (with `once`: holds what it took, takes no more)
 //!   e2e-harness bench    <mib> <from-node> <to-node> <batch,batch,...>
@@ -563,12 +563,23 @@ fn quotas(ctl: &str, seconds: u64, total_mib: u64, bounds: &[&str]) -> R<()> {
     Ok(())
 }
 
+/// The node's free memory as vtismd's watermark counts it: MemFree and the free pages on its own
+/// CPUs' lists (tens of MiB after a migration).
 fn node_free(node: u32) -> R<u64> {
-    let t = std::fs::read_to_string(format!("/sys/devices/system/node/node{node}/meminfo"))?;
-    vtism_host::topology::meminfo_field(&t, "MemFree").ok_or_else(|| "no MemFree".into())
+    let dir = format!("/sys/devices/system/node/node{node}");
+    let t = std::fs::read_to_string(format!("{dir}/meminfo"))?;
+    let mem_free = vtism_host::topology::meminfo_field(&t, "MemFree")
+        .ok_or("no MemFree in the node's meminfo")?;
+    let cpus =
+        vtism_host::topology::parse_list(&std::fs::read_to_string(format!("{dir}/cpulist"))?)
+            .ok_or("the node's cpulist does not parse")?;
+    let z = std::fs::read_to_string("/proc/zoneinfo")?;
+    let per_cpu = vtism_host::topology::per_cpu_free_bytes(&z);
+    let listed: u64 = cpus.iter().filter_map(|&c| per_cpu.get(&(node, c))).sum();
+    Ok(mem_free + listed)
 }
 
-/// Fills `node` with this process's memory until its MemFree is below `keep_mib`, and keeps it
+/// Fills `node` with this process's memory until its free memory is below `keep_mib`, and keeps it
 /// there (memory other processes free on the node is taken again) until killed. The memory policy
 /// prefers the node rather than binding to it, so the kernel never OOM-kills anyone for it: when
 /// the node is at its watermark the kernel places a chunk elsewhere, which this sees (move_pages
@@ -611,7 +622,7 @@ fn hog(node: u32, keep_mib: u64, once: bool) -> R<()> {
         }
         if full && !reported {
             println!(
-                "hog: node {node} MemFree {} MiB, holding {} MiB",
+                "hog: node {node} free {} MiB, holding {} MiB",
                 node_free(node)? >> 20,
                 (held.len() * CHUNK) >> 20
             );

@@ -124,22 +124,26 @@ fn base_page_bytes() -> u64 {
     u64::try_from(n).unwrap_or(4096)
 }
 
-/// Free pages each node holds on per-CPU lists (`/proc/zoneinfo`'s `pagesets` counts), in
-/// bytes. MemFree leaves them out, and they are many: since Linux 6.7 a CPU that frees pages in
-/// bulk (the mover's own migrations) keeps up to an eighth of the zone on its lists, drained
-/// lazily.
-pub fn per_cpu_free_bytes(zoneinfo: &str) -> BTreeMap<u32, u64> {
+/// Free pages of each node on each CPU's lists (`/proc/zoneinfo`'s `pagesets` counts), in
+/// bytes, by (node, CPU). MemFree leaves them out, and they are many: since Linux 6.7 a CPU that
+/// frees pages in bulk (the mover's own migrations) keeps up to an eighth of the zone on its
+/// lists, drained lazily.
+pub fn per_cpu_free_bytes(zoneinfo: &str) -> BTreeMap<(u32, u32), u64> {
     let mut out = BTreeMap::new();
-    let mut node = None;
+    let (mut node, mut cpu) = (None, None);
     for l in zoneinfo.lines() {
+        let t = l.trim_start();
         if let Some(rest) = l.strip_prefix("Node ") {
             node = rest
                 .split(',')
                 .next()
                 .and_then(|n| n.trim().parse::<u32>().ok());
-        } else if let (Some(n), Some(c)) = (node, l.trim_start().strip_prefix("count:")) {
-            if let Ok(pages) = c.trim().parse::<u64>() {
-                *out.entry(n).or_default() += pages * base_page_bytes();
+            cpu = None;
+        } else if let Some(c) = t.strip_prefix("cpu:") {
+            cpu = c.trim().parse::<u32>().ok();
+        } else if let (Some(n), Some(c), Some(count)) = (node, cpu, t.strip_prefix("count:")) {
+            if let Ok(pages) = count.trim().parse::<u64>() {
+                *out.entry((n, c)).or_default() += pages * base_page_bytes();
             }
         }
     }
@@ -327,8 +331,9 @@ impl HostTopology {
     /// From one read of every node's MemFree: what each node can take now (MemFree less
     /// `topology.min_free_mib`), and how far each fast node is below `topology.free_watermark_mib`
     /// (only those that are). Promotions see MemFree alone (a page on a CPU's list is that CPU's);
-    /// the watermark counts the per-CPU lists free too, or every demotion, whose source pages land
-    /// on the mover CPU's lists, would look like too little and call for more.
+    /// the watermark also counts the lists of the node's own CPUs, which allocations there take
+    /// first and where the node's demotion workers free their source pages: by MemFree alone
+    /// every demotion would look like too little and call for more.
     pub fn node_memory(&self) -> NodeMemory {
         let (mut free, mut short) = (Vec::new(), Vec::new());
         let per_cpu = if self.free_watermark_bytes > 0 {
@@ -349,7 +354,13 @@ impl HostTopology {
                 continue;
             };
             free.push((n.id, mem_free.saturating_sub(self.min_free_bytes)));
-            let all_free = mem_free + per_cpu.get(&u32::from(n.id.0)).copied().unwrap_or(0);
+            // The lists of the node's own CPUs: what allocations there take first.
+            let listed: u64 = n
+                .cpus
+                .iter()
+                .filter_map(|&c| per_cpu.get(&(u32::from(n.id.0), c)))
+                .sum();
+            let all_free = mem_free + listed;
             if n.tier.is_fast() && all_free < self.free_watermark_bytes {
                 short.push((n.id, self.free_watermark_bytes - all_free));
             }
@@ -406,9 +417,10 @@ mod tests {
     fn per_cpu_lists() {
         let z = "Node 0, zone      DMA\n  pages free     3840\n  pagesets\n    cpu: 0\n              count: 93\n              high:  107\n    cpu: 1\n              count: 0\nNode 0, zone    DMA32\n  pagesets\n    cpu: 0\n              count: 4083\nNode 2, zone   Normal\n  pagesets\n    cpu: 1\n              count: 7168\n              count: junk\n";
         let b = per_cpu_free_bytes(z);
-        assert_eq!(b.get(&0), Some(&((93 + 4083) * base_page_bytes())));
-        assert_eq!(b.get(&1), None);
-        assert_eq!(b.get(&2), Some(&(7168 * base_page_bytes())));
+        assert_eq!(b.get(&(0, 0)), Some(&((93 + 4083) * base_page_bytes())));
+        assert_eq!(b.get(&(0, 1)), Some(&0));
+        assert_eq!(b.get(&(1, 0)), None);
+        assert_eq!(b.get(&(2, 1)), Some(&(7168 * base_page_bytes())));
         assert!(per_cpu_free_bytes("").is_empty());
     }
 }

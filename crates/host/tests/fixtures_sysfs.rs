@@ -121,7 +121,8 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn the_watermark_counts_free_pages_on_per_cpu_lists() {
     // proc/zoneinfo was captured in the emulated host just after vtismd's demotions from node 0:
-    // 38 MiB of node 0's free pages sat on its two CPUs' lists, out of MemFree.
+    // 38 MiB of node 0's free pages sat on its two CPUs' lists, out of MemFree; those of the
+    // node's own CPU count (CPU 0 for node 0, CPU 1 for node 1 in this tree).
     let cfg = TopologyConfig {
         min_free_mib: 1024,
         free_watermark_mib: 1024,
@@ -135,11 +136,11 @@ fn the_watermark_counts_free_pages_on_per_cpu_lists() {
         m.short.iter().map(|(n, b)| (n.0, *b)).collect();
     assert_eq!(
         short.get(&0),
-        Some(&((1024 << 20) - kib(1_003_668) - (93 + 4083 + 5583) * page))
+        Some(&((1024 << 20) - kib(1_003_668) - (93 + 4083) * page))
     );
     assert_eq!(
         short.get(&1),
-        Some(&((1024 << 20) - kib(938_688) - (5938 + 852) * page))
+        Some(&((1024 << 20) - kib(938_688) - 852 * page))
     );
     assert_eq!(short.get(&2), None, "a slow node has no watermark");
     // Promotions see MemFree alone.
