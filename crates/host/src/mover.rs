@@ -3,9 +3,9 @@
 //! (seed 002's queue pairs per node): promotions on a lane per destination and source node, on
 //! the destination's CPUs, so that several source nodes promote at once; demotions on a lane per
 //! source node, on its CPUs, at a lower priority (nice), so that guests and promotions come
-//! first and demotions still advance. Workers pace each VM by its own rate limit and let a throttled VM's batches wait behind
-//! the others'. A plan's promotions that needed demotions which fell short are dropped, so no VM
-//! exceeds its quota.
+//! first and demotions still advance. Workers pace each VM by its own rate limit and let a
+//! throttled VM's batches wait behind the others'. A plan's promotions that needed demotions
+//! which fell short are dropped, so no VM exceeds its quota.
 
 use crate::batch::{
     execute_batch, make_batches, Batch, BatchResult, Batches, CallSettings, PageOutcome, VmTarget,
@@ -297,8 +297,6 @@ impl Mover {
         let stop = Arc::new(AtomicBool::new(false));
         let gauges = Arc::new(MoverGauges::default());
         let limits = Arc::new(Mutex::new(limits));
-        let batch_pages = settings.batch_pages;
-        let parallel_sources = settings.parallel_sources;
         let mut lanes = Lanes {
             cpus: nodes.iter().cloned().collect(),
             settings,
@@ -320,7 +318,7 @@ impl Mover {
                             break;
                         }
                         gauges.busy.store(true, Ordering::SeqCst);
-                        let r = run_job(job, &mut lanes, batch_pages, parallel_sources, &gauges);
+                        let r = run_job(job, &mut lanes, &gauges);
                         gauges.busy.store(false, Ordering::SeqCst);
                         gauges.jobs.fetch_add(1, Ordering::Relaxed);
                         if tx_done.send(r).is_err() {
@@ -391,13 +389,7 @@ impl Drop for Mover {
     }
 }
 
-fn run_job(
-    job: Job,
-    lanes: &mut Lanes,
-    batch_pages: usize,
-    parallel_sources: bool,
-    gauges: &MoverGauges,
-) -> JobReport {
+fn run_job(job: Job, lanes: &mut Lanes, gauges: &MoverGauges) -> JobReport {
     let start = Instant::now();
     let mut report = JobReport {
         id: job.id,
@@ -429,7 +421,7 @@ fn run_job(
         }
         let Batches {
             batches, unmovable, ..
-        } = make_batches(&moves, batch_pages, &job.vms);
+        } = make_batches(&moves, lanes.settings.batch_pages, &job.vms);
         for f in unmovable {
             let st = report.per_vm.entry(f.vm).or_default();
             *st.pages_by_outcome
@@ -442,7 +434,7 @@ fn run_job(
         }
         let done = Completion::new(batches.len());
         for b in batches {
-            let lane = Lane::of(&b, parallel_sources);
+            let lane = Lane::of(&b, lanes.settings.parallel_sources);
             let Some(w) = lanes.get(lane) else {
                 done.finish(BatchResult::not_run(&b, true));
                 continue;

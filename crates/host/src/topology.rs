@@ -130,6 +130,7 @@ fn base_page_bytes() -> u64 {
 /// lists, drained lazily.
 pub fn per_cpu_free_bytes(zoneinfo: &str) -> BTreeMap<(u32, u32), u64> {
     let mut out = BTreeMap::new();
+    let page = base_page_bytes();
     let (mut node, mut cpu) = (None, None);
     for l in zoneinfo.lines() {
         let t = l.trim_start();
@@ -143,7 +144,7 @@ pub fn per_cpu_free_bytes(zoneinfo: &str) -> BTreeMap<(u32, u32), u64> {
             cpu = c.trim().parse::<u32>().ok();
         } else if let (Some(n), Some(c), Some(count)) = (node, cpu, t.strip_prefix("count:")) {
             if let Ok(pages) = count.trim().parse::<u64>() {
-                *out.entry((n, c)).or_default() += pages * base_page_bytes();
+                *out.entry((n, c)).or_default() += pages * page;
             }
         }
     }
@@ -335,36 +336,46 @@ impl HostTopology {
     /// first and where the node's demotion workers free their source pages: by MemFree alone
     /// every demotion would look like too little and call for more.
     pub fn node_memory(&self) -> NodeMemory {
-        let (mut free, mut short) = (Vec::new(), Vec::new());
-        let per_cpu = if self.free_watermark_bytes > 0 {
-            std::fs::read_to_string(&self.zoneinfo)
-                .map(|z| per_cpu_free_bytes(&z))
-                .unwrap_or_default()
-        } else {
-            BTreeMap::new()
-        };
-        for n in &self.nodes {
-            let p = self
-                .root
-                .join(format!("devices/system/node/node{}/meminfo", n.id.0));
-            let Some(mem_free) = std::fs::read_to_string(p)
-                .ok()
-                .and_then(|m| meminfo_field(&m, "MemFree"))
-            else {
-                continue;
+        let mem_free: Vec<(&HostNode, u64)> = self
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let p = self
+                    .root
+                    .join(format!("devices/system/node/node{}/meminfo", n.id.0));
+                let m = std::fs::read_to_string(p).ok()?;
+                Some((n, meminfo_field(&m, "MemFree")?))
+            })
+            .collect();
+        let free = mem_free
+            .iter()
+            .map(|&(n, f)| (n.id, f.saturating_sub(self.min_free_bytes)))
+            .collect();
+        // zoneinfo (a few lines per zone and CPU) only when a fast node looks short by MemFree.
+        let below = |n: &HostNode, f: u64| n.tier.is_fast() && f < self.free_watermark_bytes;
+        if !mem_free.iter().any(|&(n, f)| below(n, f)) {
+            return NodeMemory {
+                free,
+                short: Vec::new(),
             };
-            free.push((n.id, mem_free.saturating_sub(self.min_free_bytes)));
-            // The lists of the node's own CPUs: what allocations there take first.
-            let listed: u64 = n
-                .cpus
-                .iter()
-                .filter_map(|&c| per_cpu.get(&(u32::from(n.id.0), c)))
-                .sum();
-            let all_free = mem_free + listed;
-            if n.tier.is_fast() && all_free < self.free_watermark_bytes {
-                short.push((n.id, self.free_watermark_bytes - all_free));
-            }
         }
+        let per_cpu = std::fs::read_to_string(&self.zoneinfo)
+            .map(|z| per_cpu_free_bytes(&z))
+            .unwrap_or_default();
+        let short = mem_free
+            .iter()
+            .filter(|&&(n, f)| below(n, f))
+            .filter_map(|&(n, f)| {
+                // The lists of the node's own CPUs: what allocations there take first.
+                let listed: u64 = n
+                    .cpus
+                    .iter()
+                    .filter_map(|&c| per_cpu.get(&(u32::from(n.id.0), c)))
+                    .sum();
+                let missing = self.free_watermark_bytes.checked_sub(f + listed)?;
+                (missing > 0).then_some((n.id, missing))
+            })
+            .collect();
         NodeMemory { free, short }
     }
 
