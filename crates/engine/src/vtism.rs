@@ -1059,7 +1059,6 @@ impl VtismPolicy {
                 let c = tables.hot_count(CountMeaning::RoundsSeen);
                 tables.degree(CountMeaning::RoundsSeen, c, false)
             });
-
         let mut pi = proms.into_iter();
         while let Some(p) = pi.next() {
             let pf = p.frames as u64;
@@ -1086,13 +1085,12 @@ impl VtismPolicy {
                     let s = v.frames.get(p.idx as usize);
                     s.seen() && s.stamp() == r && s.last_degree() >= d
                 });
-            let lukewarm_persistent = lukewarm && v.host_observed && persistent(v, &p, r);
             while slack + freed < pf as i64 {
                 let Some(&vu) = victs.get(vn) else {
                     held = true;
                     break;
                 };
-                if lukewarm && vu.seen && !(lukewarm_persistent && key_level(vu.key).is_none()) {
+                if lukewarm && vu.seen {
                     held = true;
                     break;
                 }
@@ -1454,19 +1452,6 @@ fn coldest_units_on(v: &VmState, tables: &Tables, node: u8, need: u64) -> Vec<Un
     );
     counting_sort(&mut units, false);
     units
-}
-
-/// Host DAMON sees a 2 MiB folio at its mean over 512 frames: one it reports round after round
-/// stays below the hot-set mark when its region straddles colder memory. Persistence (seen this
-/// round, its score at least twice this round's degree: about three rounds in a row) earns such
-/// a unit the place of units whose score has decayed to nothing; noise seen now and then never
-/// does, and what it would displace is touched no more.
-fn persistent(v: &VmState, u: &Unit, round: u8) -> bool {
-    let s = v.frames.get(u.idx as usize);
-    s.seen()
-        && s.stamp() == round
-        && s.last_degree() > 0
-        && u32::from(s.score()) >= 2 * s.last_degree()
 }
 
 /// Stable partition, in O(n): units not seen lately, then the others.

@@ -406,48 +406,26 @@ fn hot_set_estimate_follows_the_workload_and_a_pool_shrink_demotes() {
     assert!(hot_in_fast(&w, &g) >= 0.99);
 }
 
-/// An engine with one VM of `frames` frames, all on `node`, and a quota of `quota_frames`.
-fn one_vm(vm: VmId, frames: u64, quota_frames: u64, node: NodeId) -> VtismPolicy {
-    let mut engine = VtismPolicy::new(topo(1 << 40, 1 << 40), EngineParams::default()).unwrap();
-    engine
-        .add_vm(VmSpec {
-            id: vm,
-            ram: vtism_proto::RamMap::contiguous(frames),
-            fast_quota_bytes: quota_frames * FRAME_SIZE,
-            home_node: Some(FAST),
-        })
-        .unwrap();
-    engine
-        .set_placement(vm, Gfn(0), frames, Some(node))
-        .unwrap();
-    engine
-}
-
-/// Host-side accesses for one round, a plan, and its moves done in `fast_at`.
-fn observe_accesses_and_move(
-    engine: &mut VtismPolicy,
-    vm: VmId,
-    acc: &[FrameAccess],
-    now: Nanos,
-    fast_at: &mut [bool],
-) {
-    engine.observe(vm, Observation::Accesses(acc), now).unwrap();
-    for m in engine.plan(&PlanContext::default(), now).moves {
-        for g in m.gfn.0..m.gfn.0 + m.frames {
-            fast_at[g as usize] = m.to == FAST;
-        }
-    }
-}
-
 /// The no-signal rule: a VM that has never been observed keeps its placement, even far over its
 /// quota; once host-side accesses arrive it is planned like any other, and its accessed frames
 /// are the ones kept in fast memory.
 #[test]
 fn a_vm_without_signal_is_never_demoted_and_host_accesses_lift_the_hold() {
     let frames = 16_384; // 64 MiB
+    let mut engine = VtismPolicy::new(topo(1 << 40, 1 << 40), EngineParams::default()).unwrap();
     let vm = VmId(7);
+    engine
+        .add_vm(VmSpec {
+            id: vm,
+            ram: vtism_proto::RamMap::contiguous(frames),
+            fast_quota_bytes: 4_096 * FRAME_SIZE,
+            home_node: Some(FAST),
+        })
+        .unwrap();
     // All 64 MiB on fast memory against a 16 MiB quota.
-    let mut engine = one_vm(vm, frames, 4_096, FAST);
+    engine
+        .set_placement(vm, Gfn(0), frames, Some(FAST))
+        .unwrap();
     let ctx = PlanContext::default();
     for round in 0..20u64 {
         let plan = engine.plan(&ctx, Nanos(round * 1_000_000_000));
@@ -472,7 +450,14 @@ fn a_vm_without_signal_is_never_demoted_and_host_accesses_lift_the_hold() {
     let mut fast_at = vec![true; frames as usize];
     for round in 20..40u64 {
         let now = Nanos(round * 1_000_000_000);
-        observe_accesses_and_move(&mut engine, vm, &hot, now, &mut fast_at);
+        engine
+            .observe(vm, Observation::Accesses(&hot), now)
+            .unwrap();
+        for m in engine.plan(&ctx, now).moves {
+            for g in m.gfn.0..m.gfn.0 + m.frames {
+                fast_at[g as usize] = m.to == FAST;
+            }
+        }
     }
     let s = engine.summary(vm).unwrap();
     assert!(!s.last_plan.no_signal);
@@ -485,62 +470,6 @@ fn a_vm_without_signal_is_never_demoted_and_host_accesses_lift_the_hold() {
         (8_192..10_240).all(|g| fast_at[g]),
         "an accessed frame was demoted"
     );
-}
-
-/// Host DAMON: lukewarm units that filled the quota's room early keep their place against lukewarm
-/// candidates while DAMON still reports them, and lose it, once they have gone quiet, to a unit
-/// reported round after round; a unit reported once displaces nothing.
-#[test]
-fn host_observed_units_reported_round_after_round_take_the_place_of_quiet_ones() {
-    let frames = 8_192;
-    let vm = VmId(3);
-    let mut engine = one_vm(vm, frames, 2_048, SLOW);
-    let seen = |range: std::ops::Range<u64>, reads: u32| {
-        range.map(move |g| FrameAccess {
-            gfn: Gfn(g),
-            reads,
-            writes: 0,
-            page_type: PageType::Anon,
-        })
-    };
-    let mut fast_at = vec![false; frames as usize];
-    let mut round = 0u64;
-    let mut step = |acc: Vec<FrameAccess>, fast_at: &mut Vec<bool>| {
-        round += 1;
-        let now = Nanos(round * 1_000_000_000);
-        observe_accesses_and_move(&mut engine, vm, &acc, now, fast_at);
-    };
-    let fast =
-        |fast_at: &[bool], r: std::ops::Range<usize>| fast_at[r].iter().filter(|&&f| f).count();
-    // Noise fills the room (the quota less the 512-frame reserve) while DAMON's regions are coarse.
-    for _ in 0..3 {
-        step(seen(2_000..3_536, 2).collect(), &mut fast_at);
-    }
-    assert_eq!(fast(&fast_at, 2_000..3_536), 1_536);
-    // Reported every round (count 2: below the hot-set mark), beside noise still reported: held.
-    for _ in 0..20 {
-        step(
-            seen(0..500, 2).chain(seen(2_000..3_536, 1)).collect(),
-            &mut fast_at,
-        );
-    }
-    assert_eq!(
-        fast(&fast_at, 0..500),
-        0,
-        "noise still reported keeps its place"
-    );
-    // The noise goes quiet; a unit reported once now and then displaces nothing; the persistent
-    // ones take the quiet ones' place once those have decayed.
-    for k in 0..20u64 {
-        let once = 5_000 + k * 100;
-        step(
-            seen(0..500, 2).chain(seen(once..once + 100, 2)).collect(),
-            &mut fast_at,
-        );
-    }
-    assert_eq!(fast(&fast_at, 0..500), 500, "reported round after round");
-    assert_eq!(fast(&fast_at, 5_000..7_000), 0, "reported once");
-    assert!(fast_at.iter().filter(|&&f| f).count() <= 2_048);
 }
 
 /// Two VMs whose hot sets sit on slow memory, one of them far larger than a round can move (a
