@@ -7,6 +7,8 @@
 # as node 2 and a little farther), and a second CPU on node 0 (CPU 2, its own package), so that
 # two slow nodes can promote into node 0 at once, as in seed 002's double-promote experiment.
 emuhost_two_cxl=${EMUHOST_TWO_CXL:-0}
+emuhost_node0_more_cpus=""
+[ "$emuhost_two_cxl" != 1 ] || emuhost_node0_more_cpus=",cpus=2"
 emuhost_machine=(-accel tcg,thread=multi -machine q35,hmat=on -cpu max)
 if [ "$emuhost_two_cxl" = 1 ]; then
 	emuhost_machine+=(-smp 3,sockets=3 -m 4608M)
@@ -16,7 +18,7 @@ fi
 emuhost_machine+=(
 	-object memory-backend-ram,size=1G,id=m0 -object memory-backend-ram,size=1G,id=m1
 	-object memory-backend-ram,size=2G,id=m2
-	-numa "node,nodeid=0,cpus=0$([ "$emuhost_two_cxl" = 1 ] && echo ,cpus=2),memdev=m0"
+	-numa "node,nodeid=0,cpus=0${emuhost_node0_more_cpus},memdev=m0"
 	-numa node,nodeid=1,cpus=1,memdev=m1 -numa node,nodeid=2,memdev=m2,initiator=0
 	-numa dist,src=0,dst=1,val=21 -numa dist,src=0,dst=2,val=24 -numa dist,src=1,dst=2,val=32
 )
