@@ -43,6 +43,11 @@ pub struct EngineParams {
     /// set every round cannot take the moves the others need. What they leave goes to the VMs
     /// that want more, in the round's order, so a VM alone still gets the whole budget.
     pub vm_round_share: f64,
+    /// Locality within the slow tier (AutoTiering's CPMX): frames accessed lately on a slow node
+    /// farther from the VM's home than the nearest one move there once it has room, in the
+    /// background (`MoveKind::NearSlow`). Off where guest RAM is spread over slow nodes on
+    /// purpose (interleaved for their bandwidth).
+    pub near_slow: bool,
 }
 
 impl Default for EngineParams {
@@ -60,6 +65,7 @@ impl Default for EngineParams {
             reserve_min_bytes: 2 << 20,
             round_budget_bytes: 2 << 30,
             vm_round_share: 0.25,
+            near_slow: true,
         }
     }
 }

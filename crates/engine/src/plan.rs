@@ -17,6 +17,10 @@ pub enum MoveKind {
     /// Frames on a farther fast node to the fast node nearest the VM's home, once it has room
     /// (AutoTiering's CPM: locality within a tier). The VM's fast memory does not change.
     Home,
+    /// Frames accessed lately on a farther slow node to the slow node nearest the VM's home, once
+    /// it has room (AutoTiering's CPMX: locality within the slow tier). The VM's fast memory does
+    /// not change; a background move, run with the demotions.
+    NearSlow,
 }
 
 impl MoveKind {
@@ -24,8 +28,14 @@ impl MoveKind {
     pub fn direction(self) -> Direction {
         match self {
             MoveKind::Promote | MoveKind::Home => Direction::Promote,
-            MoveKind::Demote | MoveKind::Refill => Direction::Demote,
+            MoveKind::Demote | MoveKind::Refill | MoveKind::NearSlow => Direction::Demote,
         }
+    }
+
+    /// Whether the move takes frames out of fast memory: if it does not happen, the VM holds
+    /// them still (its `PromoteAfterDemote` moves shrink by as many frames).
+    pub fn frees_fast(self) -> bool {
+        matches!(self, MoveKind::Demote | MoveKind::Refill)
     }
 }
 
@@ -57,6 +67,19 @@ pub enum Phase {
     Promote,
     Demote,
     PromoteAfterDemote,
+    /// Moves within a tier that neither take nor free fast memory (`MoveKind::NearSlow`): last,
+    /// so that nothing in the plan waits for them.
+    Background,
+}
+
+impl Phase {
+    /// In the order they run.
+    pub const ALL: [Phase; 4] = [
+        Phase::Promote,
+        Phase::Demote,
+        Phase::PromoteAfterDemote,
+        Phase::Background,
+    ];
 }
 
 /// Move `frames` guest frames starting at `gfn` of `vm` from node `from` to node `to`.
@@ -102,6 +125,8 @@ pub struct VmPlanStats {
     pub refill_frames: u64,
     /// Fast frames moved to the fast node nearest the VM's home (`MoveKind::Home`).
     pub home_frames: u64,
+    /// Slow frames moved to the slow node nearest the VM's home (`MoveKind::NearSlow`).
+    pub near_slow_frames: u64,
     /// Hot-set frames left on slow memory because the round's budget ran out.
     pub deferred_by_budget: u64,
     /// Hot-set frames left on slow memory because no fast frame was colder by the hysteresis
@@ -129,6 +154,7 @@ impl VmPlanStats {
         self.demote_frames += later.demote_frames;
         self.refill_frames += later.refill_frames;
         self.home_frames += later.home_frames;
+        self.near_slow_frames += later.near_slow_frames;
         self.deferred_by_budget = later.deferred_by_budget;
         self.held_by_hysteresis = later.held_by_hysteresis;
         self.held_as_return = later.held_as_return;

@@ -86,6 +86,9 @@ struct VmState {
     /// Frames per node, kept exact on every placement change.
     node_frames: [u64; NODES],
     dirty: bool,
+    /// The first hint round at which the slow tier's locality pass may look again
+    /// (`bring_near_slow`).
+    near_slow_round: u64,
     last_observed: Option<Nanos>,
     last_stats: VmPlanStats,
     /// The 2 MiB units hinted in the round being ingested (`ingest::UnitHint`), by head index.
@@ -409,6 +412,11 @@ pub struct SplitRequest {
 /// Folios asked per VM and round, at most: Memtis splits at most 100 MB per pass
 /// (docs/peers.md).
 const SPLITS_PER_ROUND: usize = 50;
+
+/// The slow tier's locality moves take at most this share (1/n) of what a round's budget still
+/// holds, and after a pass that found nothing wait this many hint rounds (`bring_near_slow`).
+const NEAR_SLOW_BUDGET_SHARE: u64 = 8;
+const NEAR_SLOW_IDLE_ROUNDS: u64 = 8;
 
 impl VtismPolicy {
     pub fn new(
@@ -1179,7 +1187,7 @@ impl VtismPolicy {
             *budget -= pf;
             stats.promote_frames += pf;
         }
-        if home.is_some() {
+        if let Some(h) = home {
             bring_home(
                 v,
                 &fast_order,
@@ -1190,6 +1198,18 @@ impl VtismPolicy {
                 &mut decided,
                 &mut stats,
             );
+            if self.params.near_slow {
+                bring_near_slow(
+                    v,
+                    &slow_order[h.0 as usize],
+                    is_fast,
+                    tables,
+                    free,
+                    budget,
+                    &mut decided,
+                    &mut stats,
+                );
+            }
         }
 
         record(v, tables, is_fast, decided, out, now);
@@ -1284,7 +1304,7 @@ fn record(
         match kind {
             _ if !rates => {}
             MoveKind::Promote => v.recent.promoted(u.idx, now),
-            MoveKind::Home => {}
+            MoveKind::Home | MoveKind::NearSlow => {}
             MoveKind::Demote | MoveKind::Refill => v.recent.demoted(u.idx, unit_degree(v, &u), now),
         }
     }
@@ -1299,6 +1319,7 @@ fn record(
         for &(first, n, node) in &runs {
             let moves = match kind {
                 MoveKind::Home => node != to.0 && is_fast[node as usize],
+                MoveKind::NearSlow => node != to.0 && !is_fast[node as usize],
                 _ => is_fast[node as usize] != to_fast,
             };
             if node == NODE_UNKNOWN || !moves {
@@ -1365,18 +1386,87 @@ fn bring_home(
         |n| n != near.0 && is_fast[n as usize],
         |u| units.push(u),
     );
+    let moved = move_warmest_to(v, units, near, *budget, free, decided, MoveKind::Home);
+    *budget -= moved;
+    stats.home_frames += moved;
+}
+
+/// Decides `units` onto `near`, warmest first, while each fits both `limit` and `near`'s free
+/// room; returns the frames decided.
+fn move_warmest_to(
+    v: &VmState,
+    mut units: Vec<Unit>,
+    near: NodeId,
+    limit: u64,
+    free: &mut NodeFree,
+    decided: &mut Vec<(Unit, NodeId, NodeId, MoveKind, Phase)>,
+    kind: MoveKind,
+) -> u64 {
+    let phase = match kind {
+        MoveKind::NearSlow => Phase::Background,
+        _ => Phase::Promote,
+    };
     counting_sort(&mut units, true);
+    let mut moved = 0;
     for u in units {
         let f = u.frames as u64;
-        if f > *budget || f as i64 > free.avail_now(near) {
+        if moved + f > limit || f as i64 > free.avail_now(near) {
             break;
         }
         let from = v.frames.get(u.idx as usize).node().unwrap_or(near);
         free.take_now(near, f as i64);
         free.give_later(from, f as i64);
-        *budget -= f;
-        stats.home_frames += f;
-        decided.push((u, from, near, MoveKind::Home, Phase::Promote));
+        moved += f;
+        decided.push((u, from, near, kind, phase));
+    }
+    moved
+}
+
+/// Locality within the slow tier (AutoTiering's CPMX): the VM's units the guest or the host saw
+/// accessed lately (they hold a level) that sit on a slow node farther from its home than the
+/// nearest one move there, hottest first, once it has room. Memory nobody touches stays where it
+/// is: its distance costs nothing, and moving it would spend bandwidth for no access. A
+/// background correction, so it takes at most `1 / NEAR_SLOW_BUDGET_SHARE` of what the round's
+/// budget still holds (the rest stays for the next round's promotions and their demotions), runs
+/// after every other move of the plan, and, finding nothing to move, waits `NEAR_SLOW_IDLE_ROUNDS` rounds
+/// before its next pass over the VM's frames.
+#[allow(clippy::too_many_arguments)]
+fn bring_near_slow(
+    v: &mut VmState,
+    slow_order: &[NodeId],
+    is_fast: &[bool; NODES],
+    tables: &Tables,
+    free: &mut NodeFree,
+    budget: &mut u64,
+    decided: &mut Vec<(Unit, NodeId, NodeId, MoveKind, Phase)>,
+    stats: &mut VmPlanStats,
+) {
+    let Some((&near, farther)) = slow_order.split_first() else {
+        return;
+    };
+    let away: u64 = farther.iter().map(|f| v.node_frames[f.0 as usize]).sum();
+    let share = *budget / NEAR_SLOW_BUDGET_SHARE;
+    if away == 0 || v.round < v.near_slow_round || free.avail_now(near) <= 0 || share == 0 {
+        return;
+    }
+    let mut taken: Vec<u32> = decided.iter().map(|d| d.0.idx).collect();
+    taken.sort_unstable();
+    let mut units = Vec::new();
+    units_on(
+        v,
+        tables,
+        |n| n != near.0 && !is_fast[n as usize],
+        |u| {
+            if key_level(u.key).is_some() && taken.binary_search(&u.idx).is_err() {
+                units.push(u)
+            }
+        },
+    );
+    let moved = move_warmest_to(v, units, near, share, free, decided, MoveKind::NearSlow);
+    *budget -= moved;
+    stats.near_slow_frames += moved;
+    if moved == 0 {
+        v.near_slow_round = v.round + NEAR_SLOW_IDLE_ROUNDS;
     }
 }
 
@@ -1601,6 +1691,7 @@ impl Policy for VtismPolicy {
             is_fast: self.is_fast,
             node_frames: [0; NODES],
             dirty: true,
+            near_slow_round: 0,
             last_observed: None,
             last_stats: VmPlanStats::default(),
             unit_hints: HashMap::new(),

@@ -132,7 +132,7 @@ impl World {
             self.now,
         );
         let start_fast = self.fast();
-        let phases = [Phase::Promote, Phase::Demote, Phase::PromoteAfterDemote];
+        let phases = Phase::ALL;
         for phase in phases {
             let moves: Vec<&Move> = plan.phase(phase).collect();
             for m in &moves {
@@ -162,6 +162,7 @@ impl World {
                 let order: &[NodeId] = match m.kind {
                     MoveKind::Promote => &[LOCAL_DRAM, REMOTE_DRAM],
                     MoveKind::Home => &[LOCAL_DRAM],
+                    MoveKind::NearSlow => &[LOCAL_SLOW],
                     MoveKind::Demote | MoveKind::Refill => &[LOCAL_SLOW, REMOTE_SLOW],
                 };
                 let pos = order.iter().position(|&n| n == m.to);
@@ -394,4 +395,60 @@ proptest! {
             prop_assert!(w.hot_in_fast(&g) >= 0.95, "hot in fast {}", w.hot_in_fast(&g));
         }
     }
+}
+
+#[test]
+fn frames_accessed_on_remote_slow_memory_move_to_local_slow_memory_once_it_has_room() {
+    // 8192 frames on remote CXL, a quota of 1400 (1050 less the reserve): the 1000 hot ones go
+    // to local DRAM, 2000 warm ones (seen in 3 and 2 rounds of 8) mostly stay slow, the rest is
+    // never touched. Local CXL is full at first; when 1500 frames of it free up, the warm frames
+    // move there, warmer first, and the untouched ones stay where they are.
+    let mut w = World::new(
+        [4000, 16_384, 16_384, 16_384],
+        [0, 0, 16_384, 0],
+        1400,
+        vec![REMOTE_SLOW; 8192],
+    );
+    let hint = |i: u64, count| HintEntry::new(Gfn(i), count, false, PageType::Anon, false, true);
+    let hints: Vec<HintEntry> = (0..1000)
+        .map(|i| hint(i, 8))
+        .chain((1000..2000).map(|i| hint(i, 3)))
+        .chain((2000..3000).map(|i| hint(i, 2)))
+        .collect();
+    for _ in 0..4 {
+        let plan = w.step(&hints).unwrap();
+        assert!(plan.moves.iter().all(|m| m.kind != MoveKind::NearSlow));
+    }
+    assert!((0..1000).all(|i| w.truth[i] == LOCAL_DRAM));
+    let fast = w.fast();
+    w.other[LOCAL_SLOW.0 as usize] = 16_384 - 1500;
+    let mut near = 0;
+    for _ in 0..12 {
+        let plan = w.step(&hints).unwrap();
+        for m in plan.moves.iter().filter(|m| m.kind == MoveKind::NearSlow) {
+            assert_eq!(
+                (m.from, m.to, m.phase),
+                (REMOTE_SLOW, LOCAL_SLOW, Phase::Background)
+            );
+            near += m.frames;
+        }
+        assert_eq!(
+            plan.moves
+                .iter()
+                .filter(|m| m.kind == MoveKind::NearSlow)
+                .map(|m| m.frames)
+                .sum::<u64>(),
+            plan.stats.vms[0].near_slow_frames
+        );
+    }
+    assert_eq!(near, 1500, "as many as local CXL has room for");
+    assert!(
+        (1000..2000).all(|i| w.truth[i] != REMOTE_SLOW),
+        "the warmer ones first"
+    );
+    assert!(
+        (3000..8192).all(|i| w.truth[i] == REMOTE_SLOW),
+        "untouched memory stays"
+    );
+    assert_eq!(w.fast(), fast, "the VM's fast memory is as it was");
 }
