@@ -752,10 +752,12 @@ echo "== pool and two-socket checks took $((SECONDS - T1))s"
 # run's throughput; the workers' peak inside move_pages shows the overlap. A VM holds its quota
 # less the engine's reserve (2 MiB, at most a quarter of the quota), in whole 2 MiB host folios.
 T2=$SECONDS
-write_sources_config() { # write_sources_config PARALLEL QUOTA_MIB
+write_sources_config() { # write_sources_config PARALLEL QUOTA_MIB [NEAR_SLOW]
 	{
 		daemon_sections | sed "s/^\[mover\]\$/[mover]\nparallel_sources = $1/"
 		cat <<EOF
+[engine]
+near_slow = ${3:-false}
 [defaults]
 manage_discovered = false
 [[vm]]
@@ -812,6 +814,19 @@ summary="one worker: $mib_s MiB in $secs_s s, at most $peak_s worker moving; a w
 [ "$peak_s" = 1 ] && [ "${peak_p:-0}" -ge 2 ] && pass "sources: nodes 2 and 3 promote into node 0 in parallel ($summary)" ||
 	fail "sources: want 1 worker moving at a time with parallel_sources = false and 2 with true ($summary)"
 echo "sources,$mib_s,$secs_s,$peak_s,$mib_p,$secs_p,$peak_p,$ratio" >>"$OUT/bench.txt"
+# Locality within the slow tier (off above, where each VM's RAM sits on its node on purpose): q3's
+# frames left on node 3, which its guest keeps hinting, move to node 2, nearer its home node 0,
+# and its fast memory stays as it was.
+write_sources_config true 74 true
+kill -HUP "$(cat $W/vtismd.pid)"
+check "near slow: q3's hinted frames on node 3 move to node 2, nearer its home" \
+	$H fast $W/q3.harness 2 6 8 60
+check "near slow: none of q3's frames left on node 3, 72-74 MiB still on node 0" bash -c \
+	"$H fast $W/q3.harness 3 0 0 0 && $H fast $W/q3.harness 0 72 74 5"
+ns=$(metric 'vtism_vm_near_slow_moved_bytes_total\{vm="q3"\}')
+np=$(metric 'vtism_planned_bytes_total\{kind="near_slow"\}')
+[ "${ns:-0}" -gt 0 ] && [ "${np:-0}" -gt 0 ] && pass "near slow: counted apart from demotions ($((ns >> 10)) KiB moved, $((np >> 10)) KiB planned)" ||
+	fail "near slow: vtism_vm_near_slow_moved_bytes_total{vm=q3} $ns, vtism_planned_bytes_total{kind=near_slow} $np"
 kill $PUB_Q2 $PUB_Q3 2>/dev/null
 kill -TERM "$(cat $W/vtismd.pid)"
 wait_for 10 bash -c "! kill -0 $(cat $W/vtismd.pid)" || fail "sources: daemon did not stop"

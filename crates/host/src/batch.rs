@@ -122,6 +122,9 @@ pub struct Batch {
     pub from: NodeId,
     pub to: NodeId,
     pub dir: Direction,
+    /// Its pages leave fast memory (`MoveKind::frees_fast`): MADV_COLD once moved, and those
+    /// that stay count against the promotions that needed their room.
+    pub frees_fast: bool,
     pub pages: Vec<BatchPage>,
 }
 
@@ -147,10 +150,10 @@ pub struct Batches {
 }
 
 /// Splits moves into batches of at most `batch_pages` frames (a hugetlbfs page bigger than that
-/// makes a batch of its own), grouped by (vm, destination, direction, source), keeping the plan's
-/// order inside a group.
+/// makes a batch of its own), grouped by (vm, destination, direction, source, whether they leave
+/// fast memory), keeping the plan's order inside a group.
 pub fn make_batches(moves: &[Move], batch_pages: usize, vms: &HashMap<VmId, VmTarget>) -> Batches {
-    type Key = (VmId, NodeId, Direction, NodeId);
+    type Key = (VmId, NodeId, Direction, NodeId, bool);
     let mut groups: BTreeMap<Key, Vec<BatchPage>> = BTreeMap::new();
     let mut order: Vec<Key> = Vec::new();
     let mut out = Batches::default();
@@ -159,7 +162,7 @@ pub fn make_batches(moves: &[Move], batch_pages: usize, vms: &HashMap<VmId, VmTa
             out.dropped += m.frames;
             continue;
         };
-        let key = (m.vm, m.to, m.kind.direction(), m.from);
+        let key = (m.vm, m.to, m.kind.direction(), m.from, m.kind.frees_fast());
         let g = groups.entry(key).or_insert_with(|| {
             order.push(key);
             Vec::new()
@@ -213,6 +216,7 @@ pub fn make_batches(moves: &[Move], batch_pages: usize, vms: &HashMap<VmId, VmTa
             from: key.3,
             to: key.1,
             dir: key.2,
+            frees_fast: key.4,
             pages,
         };
         let (mut chunk, mut frames) = (Vec::new(), 0);
@@ -248,6 +252,8 @@ pub struct CallSettings {
 pub struct BatchResult {
     pub vm: VmId,
     pub dir: Direction,
+    /// As the batch's (`Batch::frees_fast`): a demotion, or a move within the slow tier.
+    pub frees_fast: bool,
     pub moved: u64,
     pub outcomes: BTreeMap<PageOutcome, u64>,
     /// Pages that did not end where the plan said, and where they are.
@@ -268,6 +274,7 @@ impl BatchResult {
         BatchResult {
             vm: b.vm,
             dir: b.dir,
+            frees_fast: b.frees_fast,
             moved: 0,
             outcomes: if failed {
                 [(PageOutcome::Failed, b.frames())].into()
@@ -284,11 +291,7 @@ impl BatchResult {
             },
             latency: 0.0,
             gone: false,
-            not_demoted: if b.dir == Direction::Demote {
-                b.frames()
-            } else {
-                0
-            },
+            not_demoted: if b.frees_fast { b.frames() } else { 0 },
         }
     }
 }
@@ -337,6 +340,7 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
     let mut r = BatchResult {
         vm: b.vm,
         dir: b.dir,
+        frees_fast: b.frees_fast,
         moved: 0,
         outcomes: BTreeMap::new(),
         facts: Vec::new(),
@@ -357,7 +361,7 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
             PageOutcome::Moved => {
                 r.moved += p.frames;
                 // MADV_COLD refuses hugetlbfs (EINVAL), and would fail the call's other ranges.
-                if b.dir == Direction::Demote && s.madvise_cold && p.frames == 1 {
+                if b.frees_fast && s.madvise_cold && p.frames == 1 {
                     match cold_ranges.last_mut() {
                         Some((a, l)) if a.offset(*l) == p.hva => *l += FRAME_SIZE,
                         _ => cold_ranges.push((p.hva, FRAME_SIZE)),
@@ -373,7 +377,7 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
         };
         r.facts.push(p.stayed(b.vm, node));
         // Conservatively: a page not on the demotion target may still be fast.
-        if b.dir == Direction::Demote && o != PageOutcome::NotPresent {
+        if b.frees_fast && o != PageOutcome::NotPresent {
             r.not_demoted += p.frames;
         }
     }
@@ -580,6 +584,7 @@ mod tests {
             from: NodeId(0),
             to: NodeId(0),
             dir: Direction::Promote,
+            frees_fast: false,
             pages,
         };
         let s = CallSettings {

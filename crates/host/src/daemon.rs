@@ -130,6 +130,7 @@ fn kind_label(k: MoveKind) -> &'static str {
         MoveKind::Demote => "demote",
         MoveKind::Refill => "refill",
         MoveKind::Home => "home",
+        MoveKind::NearSlow => "near_slow",
     }
 }
 
@@ -1079,6 +1080,7 @@ impl Daemon {
             rejected: ch.rejected,
             promoted_bytes: moved.promoted_bytes,
             demoted_bytes: moved.demoted_bytes,
+            near_slow_bytes: moved.near_slow_bytes,
             promotions_skipped_frames: moved.trimmed_frames,
             pages_by_outcome: moved
                 .pages_by_outcome

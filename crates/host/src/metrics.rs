@@ -212,6 +212,8 @@ pub struct VmStatus {
     pub rejected: Vec<(&'static str, u64)>,
     pub promoted_bytes: u64,
     pub demoted_bytes: u64,
+    /// Moved between slow nodes, nearer the VM's home (`engine.near_slow`).
+    pub near_slow_bytes: u64,
     /// Promotions dropped because the demotions before them fell short (the quota is kept).
     pub promotions_skipped_frames: u64,
     /// move_pages results by outcome.
@@ -637,6 +639,12 @@ impl VmStatus {
                 self.move_limit_bytes_per_second.get(d),
             );
         }
+        f.counter(
+            "vtism_vm_near_slow_moved_bytes",
+            "Bytes moved between slow nodes, to the one nearest the VM's home (engine.near_slow).",
+            vm(),
+            self.near_slow_bytes,
+        );
         f.counter(
             "vtism_vm_promotions_skipped_frames",
             "Promotions dropped because the demotions before them fell short (quota kept).",

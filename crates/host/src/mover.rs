@@ -37,6 +37,8 @@ pub struct MoverSettings {
 pub struct VmMoveStats {
     pub promoted_bytes: u64,
     pub demoted_bytes: u64,
+    /// Moved between slow nodes, nearer the VM's home (`MoveKind::NearSlow`): not a demotion.
+    pub near_slow_bytes: u64,
     pub pages_by_outcome: BTreeMap<PageOutcome, u64>,
     /// PromoteAfterDemote frames skipped because demotions fell short.
     pub trimmed_frames: u64,
@@ -46,6 +48,7 @@ impl VmMoveStats {
     fn add(&mut self, o: &VmMoveStats) {
         self.promoted_bytes += o.promoted_bytes;
         self.demoted_bytes += o.demoted_bytes;
+        self.near_slow_bytes += o.near_slow_bytes;
         for (k, c) in &o.pages_by_outcome {
             *self.pages_by_outcome.entry(*k).or_default() += c;
         }
@@ -401,7 +404,7 @@ fn run_job(job: Job, lanes: &mut Lanes, gauges: &MoverGauges) -> JobReport {
     }
     let mut shortfall: BTreeMap<VmId, u64> = BTreeMap::new();
     let mut gone: HashSet<VmId> = HashSet::new();
-    for phase in [Phase::Promote, Phase::Demote, Phase::PromoteAfterDemote] {
+    for phase in Phase::ALL {
         let Some(mut moves) = by_phase.remove(&phase) else {
             continue;
         };
@@ -456,7 +459,8 @@ fn run_job(job: Job, lanes: &mut Lanes, gauges: &MoverGauges) -> JobReport {
             let bytes = r.moved * FRAME_SIZE;
             match r.dir {
                 Direction::Promote => st.promoted_bytes += bytes,
-                Direction::Demote => st.demoted_bytes += bytes,
+                Direction::Demote if r.frees_fast => st.demoted_bytes += bytes,
+                Direction::Demote => st.near_slow_bytes += bytes,
             }
             for (o, c) in r.outcomes {
                 *st.pages_by_outcome.entry(o).or_default() += c;
@@ -590,6 +594,7 @@ mod tests {
                 from: NodeId(2),
                 to: NodeId(0),
                 dir: Direction::Promote,
+                frees_fast: false,
                 pages: vec![
                     BatchPage {
                         gfn: Gfn(0),
@@ -628,6 +633,7 @@ mod tests {
             from: NodeId(from),
             to: NodeId(to),
             dir,
+            frees_fast: dir == Direction::Demote,
             pages: Vec::new(),
         }
     }
