@@ -252,6 +252,8 @@ pub struct CallSettings {
 pub struct BatchResult {
     pub vm: VmId,
     pub dir: Direction,
+    pub from: NodeId,
+    pub to: NodeId,
     /// As the batch's (`Batch::frees_fast`): a demotion, or a move within the slow tier.
     pub frees_fast: bool,
     pub moved: u64,
@@ -260,6 +262,9 @@ pub struct BatchResult {
     pub facts: Vec<PlacementRun>,
     /// Seconds spent in move_pages, retries included.
     pub latency: f64,
+    /// Seconds from being queued to its first move_pages call: the lane's queue and the VM's
+    /// rate limit (set by the mover's worker).
+    pub waited: f64,
     /// The process was gone (ESRCH).
     pub gone: bool,
     /// Frames that stayed on a fast node although the batch demoted them.
@@ -274,6 +279,8 @@ impl BatchResult {
         BatchResult {
             vm: b.vm,
             dir: b.dir,
+            from: b.from,
+            to: b.to,
             frees_fast: b.frees_fast,
             moved: 0,
             outcomes: if failed {
@@ -290,6 +297,7 @@ impl BatchResult {
                 Vec::new()
             },
             latency: 0.0,
+            waited: 0.0,
             gone: false,
             not_demoted: if b.frees_fast { b.frames() } else { 0 },
         }
@@ -340,11 +348,14 @@ pub fn execute_batch(b: &Batch, s: &CallSettings) -> BatchResult {
     let mut r = BatchResult {
         vm: b.vm,
         dir: b.dir,
+        from: b.from,
+        to: b.to,
         frees_fast: b.frees_fast,
         moved: 0,
         outcomes: BTreeMap::new(),
         facts: Vec::new(),
         latency,
+        waited: 0.0,
         gone,
         not_demoted: 0,
     };

@@ -750,6 +750,7 @@ impl Daemon {
 
     /// A finished plan: its statistics, and where the pages that did not move are.
     fn plan_done(&mut self, r: crate::mover::JobReport) {
+        self.warn_if_slow(&r);
         self.histograms.record(&r);
         self.moved.record(&r);
         self.tiering.learn(r.facts);
@@ -820,6 +821,31 @@ impl Daemon {
             })
             .collect();
         self.mover.submit(out.plan.moves, vms);
+    }
+
+    /// A plan that ran long held every VM's next plan back (one plan executes at a time): the
+    /// log says how long and which batch it waited for.
+    fn warn_if_slow(&self, r: &crate::mover::JobReport) {
+        const SLOW: Duration = Duration::from_secs(10);
+        if r.elapsed < SLOW {
+            return;
+        }
+        let Some(b) = &r.slowest else {
+            return;
+        };
+        let name = self.registry.get(b.vm).map_or("?", |v| v.name.as_str());
+        warn!(
+            seconds = format_args!("{:.1}", r.elapsed.as_secs_f64()),
+            batches = r.batches,
+            slowest_vm = %name,
+            slowest_dir = ?b.dir,
+            slowest_from = b.from.0,
+            slowest_to = b.to.0,
+            slowest_kib = (b.frames * FRAME_SIZE) >> 10,
+            slowest_queued_s = format_args!("{:.1}", b.waited),
+            slowest_moving_s = format_args!("{:.1}", b.moving),
+            "a plan took long; no VM's next plan could start meanwhile"
+        );
     }
 
     /// Each move of a plan of a few (a converged host moves little, and then each move says
@@ -1164,6 +1190,7 @@ impl Daemon {
                 .sum::<f64>()
                 / (1u64 << 30) as f64,
             mover_busy: self.mover.busy(),
+            mover_busy_s: self.mover.busy_for().map_or(0.0, |d| d.as_secs_f64()),
             mover_jobs: self.mover.gauges.jobs.load(Ordering::Relaxed),
             mover_lanes_moving_peak: self.mover.gauges.lanes_moving_peak.load(Ordering::Relaxed),
             vms_dropped: self.registry.dropped,

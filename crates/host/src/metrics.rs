@@ -67,6 +67,8 @@ pub struct DaemonStatus {
     pub last_round_seconds: f64,
     pub managed_gib: f64,
     pub mover_busy: bool,
+    /// Seconds the plan executing has been at it (0 when none is).
+    pub mover_busy_s: f64,
     pub mover_jobs: u64,
     /// The most mover workers inside move_pages at once since the mover (re)started.
     pub mover_lanes_moving_peak: u64,

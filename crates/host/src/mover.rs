@@ -70,6 +70,40 @@ pub struct JobReport {
     pub elapsed: Duration,
     /// VMs whose process was gone (ESRCH).
     pub gone: Vec<VmId>,
+    /// The batch that took longest from being queued to its end: what a slow plan waited for.
+    pub slowest: Option<SlowestBatch>,
+}
+
+/// One batch of a plan, for the log line of a plan that took long.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlowestBatch {
+    pub vm: VmId,
+    pub dir: Direction,
+    pub from: NodeId,
+    pub to: NodeId,
+    pub frames: u64,
+    /// Seconds queued (the lane busy, the VM's rate limit).
+    pub waited: f64,
+    /// Seconds in move_pages.
+    pub moving: f64,
+}
+
+impl SlowestBatch {
+    fn of(r: &BatchResult) -> SlowestBatch {
+        SlowestBatch {
+            vm: r.vm,
+            dir: r.dir,
+            from: r.from,
+            to: r.to,
+            frames: r.outcomes.values().sum(),
+            waited: r.waited,
+            moving: r.latency,
+        }
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.waited + self.moving
+    }
 }
 
 /// Per-VM move statistics over the daemon's life (a restarted mover keeps them).
@@ -95,6 +129,7 @@ impl MoveTotals {
 struct Work {
     batch: crate::batch::Batch,
     done: Arc<Completion>,
+    queued_at: Instant,
 }
 
 /// Counts outstanding batches of a phase and collects their results.
@@ -284,7 +319,8 @@ pub struct Mover {
     pub gauges: Arc<MoverGauges>,
     pub limits: Arc<Mutex<Limits>>,
     next_id: u64,
-    in_flight: Option<u64>,
+    /// The plan executing, and since when.
+    in_flight: Option<(u64, Instant)>,
 }
 
 /// One plan to execute: its moves plus how to reach each VM's memory.
@@ -349,6 +385,11 @@ impl Mover {
         self.in_flight.is_some()
     }
 
+    /// How long the plan executing has been at it.
+    pub fn busy_for(&self) -> Option<Duration> {
+        self.in_flight.map(|(_, since)| since.elapsed())
+    }
+
     /// Submits a plan; only one runs at a time (the caller plans again once it is done).
     pub fn submit(&mut self, moves: Vec<Move>, vms: HashMap<VmId, VmTarget>) -> Option<u64> {
         if self.in_flight.is_some() || moves.is_empty() {
@@ -358,7 +399,7 @@ impl Mover {
         self.next_id += 1;
         let tx = self.tx.as_ref()?;
         tx.send(Job { id, moves, vms }).ok()?;
-        self.in_flight = Some(id);
+        self.in_flight = Some((id, Instant::now()));
         Some(id)
     }
 
@@ -448,12 +489,20 @@ fn run_job(job: Job, lanes: &mut Lanes, gauges: &MoverGauges) -> JobReport {
                 .push_back(Work {
                     batch: b,
                     done: done.clone(),
+                    queued_at: Instant::now(),
                 });
             MoverGauges::add(&gauges.queued, lane.node(), lane.dir(), 1);
             w.cv.notify_one();
         }
         for r in done.wait() {
             report.batches += 1;
+            if report
+                .slowest
+                .as_ref()
+                .is_none_or(|s| r.waited + r.latency > s.seconds())
+            {
+                report.slowest = Some(SlowestBatch::of(&r));
+            }
             report.latencies.push(r.latency);
             let st = report.per_vm.entry(r.vm).or_default();
             let bytes = r.moved * FRAME_SIZE;
@@ -505,9 +554,11 @@ fn worker_loop(
                 std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
             }
         }
+        let waited = work.queued_at.elapsed().as_secs_f64();
         let now = gauges.lanes_moving.fetch_add(1, Ordering::SeqCst) + 1;
         gauges.lanes_moving_peak.fetch_max(now, Ordering::SeqCst);
-        let r = execute_batch(&work.batch, call);
+        let mut r = execute_batch(&work.batch, call);
+        r.waited = waited;
         gauges.lanes_moving.fetch_sub(1, Ordering::SeqCst);
         MoverGauges::add(
             &gauges.executed_pages,
@@ -606,6 +657,7 @@ mod tests {
                 ],
             },
             done: done.clone(),
+            queued_at: t0,
         };
         let mut q = VecDeque::new();
         q.push_back(work(1));
@@ -617,6 +669,64 @@ mod tests {
             None,
             "only the throttled VM is left"
         );
+    }
+
+    /// A plan whose one VM waits on its rate limit: the report names that VM's batch as the
+    /// slowest, with the wait as queued time (the daemon's warning for a long plan says so).
+    #[test]
+    fn the_report_names_the_batch_a_plan_waited_for() {
+        let mut buf = vec![1u8; 9 * 4096];
+        let base = (buf.as_mut_ptr() as u64 + 4095) & !4095;
+        let target = |first: u64| VmTarget {
+            pid: std::process::id() as i32,
+            memory: Arc::new(
+                GuestMemory::new(vec![MappedRange {
+                    gfns: GfnRange::new(Gfn(0), Gfn(4)),
+                    hva: Hva(base + first * 4096),
+                    name: "ram".into(),
+                }])
+                .unwrap(),
+            ),
+            hugetlb: Vec::new(),
+        };
+        let t0 = Instant::now();
+        let mut limits = Limits::new(0, 0, 1, t0);
+        limits.set_vm(VmId(2), 1, 1, t0);
+        // VM 2 spent its 1 MB burst and 0.3 MB more: its next batch waits about 0.3 s.
+        let _ = limits.take(VmId(2), Direction::Promote, 1_300_000, t0);
+        let mut m = Mover::start(
+            &[(NodeId(0), vec![0])],
+            MoverSettings {
+                batch_pages: 4,
+                call: CallSettings {
+                    busy_retries: 0,
+                    busy_retry_delay: Duration::from_millis(1),
+                    move_all: false,
+                    madvise_cold: false,
+                },
+                parallel_sources: true,
+                demote_nice: 10,
+            },
+            limits,
+        );
+        let moves = vec![
+            mv(1, 0, 4, 0, MoveKind::Promote, Phase::Promote),
+            mv(2, 0, 4, 0, MoveKind::Promote, Phase::Promote),
+        ];
+        m.submit(moves, [(VmId(1), target(0)), (VmId(2), target(4))].into())
+            .unwrap();
+        assert!(m.busy_for().is_some(), "a plan in flight has an age");
+        let r = m.wait(Duration::from_secs(30)).expect("the plan finishes");
+        assert!(m.busy_for().is_none());
+        let s = r.slowest.expect("a plan with batches has a slowest");
+        assert_eq!(
+            (s.vm, s.dir, s.to, s.frames),
+            (VmId(2), Direction::Promote, NodeId(0), 4)
+        );
+        assert!(s.waited >= 0.2, "queued behind its rate limit: {s:?}");
+        assert!(r.elapsed.as_secs_f64() >= s.waited, "{:?} {s:?}", r.elapsed);
+        m.shutdown();
+        drop(buf);
     }
 
     /// A thread's nice value, from its stat (the 19th field; the 2nd, its name, is in parens).
