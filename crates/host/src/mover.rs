@@ -671,6 +671,21 @@ mod tests {
         );
     }
 
+    /// Batches of 4 pages, no retries, a worker per source, demotions 10 nice levels down.
+    fn small_batches() -> MoverSettings {
+        MoverSettings {
+            batch_pages: 4,
+            call: CallSettings {
+                busy_retries: 0,
+                busy_retry_delay: Duration::from_millis(1),
+                move_all: false,
+                madvise_cold: false,
+            },
+            parallel_sources: true,
+            demote_nice: 10,
+        }
+    }
+
     /// A plan whose one VM waits on its rate limit: the report names that VM's batch as the
     /// slowest, with the wait as queued time (the daemon's warning for a long plan says so).
     #[test]
@@ -694,21 +709,7 @@ mod tests {
         limits.set_vm(VmId(2), 1, 1, t0);
         // VM 2 spent its 1 MB burst and 0.3 MB more: its next batch waits about 0.3 s.
         let _ = limits.take(VmId(2), Direction::Promote, 1_300_000, t0);
-        let mut m = Mover::start(
-            &[(NodeId(0), vec![0])],
-            MoverSettings {
-                batch_pages: 4,
-                call: CallSettings {
-                    busy_retries: 0,
-                    busy_retry_delay: Duration::from_millis(1),
-                    move_all: false,
-                    madvise_cold: false,
-                },
-                parallel_sources: true,
-                demote_nice: 10,
-            },
-            limits,
-        );
+        let mut m = Mover::start(&[(NodeId(0), vec![0])], small_batches(), limits);
         let moves = vec![
             mv(1, 0, 4, 0, MoveKind::Promote, Phase::Promote),
             mv(2, 0, 4, 0, MoveKind::Promote, Phase::Promote),
@@ -790,24 +791,13 @@ mod tests {
             name: "ram".into(),
         }])
         .unwrap();
-        let settings = MoverSettings {
-            batch_pages: 4,
-            call: CallSettings {
-                busy_retries: 0,
-                busy_retry_delay: Duration::from_millis(1),
-                move_all: false,
-                madvise_cold: false,
-            },
-            parallel_sources: true,
-            demote_nice: 10,
-        };
         let mut m = Mover::start(
             &[
                 (NodeId(0), vec![0]),
                 (NodeId(1), vec![0]),
                 (NodeId(2), vec![0]),
             ],
-            settings,
+            small_batches(),
             Limits::new(0, 0, 1, Instant::now()),
         );
         let moves = vec![
