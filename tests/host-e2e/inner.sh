@@ -386,10 +386,10 @@ fast_n=$(vm_expr vm-n "v['fast_bytes'] >> 20")
 # promotion 17 s after the kdamond started, in a run by hand; one 2 MiB folio into the spare
 # room 40 s after the hot set, in another).
 # A plan in flight counts as moving: the engine takes a plan's moves as made when it plans them
-# (fast_bytes shows them at once), the moved counters grow when the plan ends, and one plan in
-# flight from before the window to inside it put a 2 MiB move into it in a fresh-clone run (10 MiB
-# on DRAM but 8 MiB moved when the window began, no plan logged in it); since then vtismd warns
-# of a plan that takes over 10 s and names the batch it waited for.
+# (fast_bytes shows them at once) and the moved counters grow when the plan ends. A fresh-clone
+# run counted 2 MiB in the window with no plan logged in it, and 10 MiB on DRAM but 8 MiB moved
+# when it began: a plan in flight across its start, by that evidence. vtismd now warns of a plan
+# over 10 s and names the batch it waited for.
 snap_h() { # "MOVED BUSY PLANS" of one status read: vm-h's bytes moved, the mover busy, plans made
 	vm_expr vm-h "'%d %s %d' % (v['promoted_bytes'] + v['demoted_bytes'], d['daemon']['mover_busy'], d['daemon']['plans'])"
 }
