@@ -50,11 +50,16 @@ pub struct Outcome {
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PromoteSpeed {
     pub manager: String,
-    /// MB (10^6 B) on DRAM when 90% of the final DRAM occupancy was reached, over the time it took.
+    /// MB (10^6 B) on DRAM when 90% of the most the run held there was reached, over the time
+    /// it took.
     pub promote_mb_per_s: Option<f64>,
     /// The best 10-second rate of growth of the guest's DRAM, MB/s.
     pub peak_promote_mb_per_s: Option<f64>,
-    pub final_dram_mib: f64,
+    /// The most of the guest on DRAM at any sample, and at the last one: they differ for a
+    /// manager that demotes what it promoted (DAMON's two schemes).
+    pub max_dram_mib: f64,
+    pub end_dram_mib: f64,
+    /// Seconds to 90% of the most.
     pub t90_s: Option<f64>,
     pub error: Option<String>,
 }
@@ -180,6 +185,7 @@ pub fn outcome(r: &RunRecord, baseline: Option<&RunRecord>) -> Outcome {
 pub fn promote_speed(r: &RunRecord) -> PromoteSpeed {
     let s = &r.samples;
     let fin = s.iter().map(|x| x.guest_dram_bytes).max().unwrap_or(0) as f64;
+    let end = s.last().map_or(0, |x| x.guest_dram_bytes) as f64;
     let start = s.first().map_or(0, |x| x.guest_dram_bytes) as f64;
     let reached = s
         .iter()
@@ -197,7 +203,8 @@ pub fn promote_speed(r: &RunRecord) -> PromoteSpeed {
             .filter(|x| x.t_s > 0.0)
             .map(|x| (x.guest_dram_bytes as f64 - start) / 1e6 / x.t_s),
         peak_promote_mb_per_s: peak.map(|p| p.max(0.0) / 1e6),
-        final_dram_mib: fin / MIB,
+        max_dram_mib: fin / MIB,
+        end_dram_mib: end / MIB,
         t90_s: reached.map(|x| x.t_s),
         error: r.error.clone(),
     }
@@ -278,5 +285,18 @@ mod tests {
         assert_eq!(p.t90_s, Some(19.0));
         assert!((p.promote_mb_per_s.unwrap() - 72.0 / 19.0).abs() < 1e-9);
         assert!((p.peak_promote_mb_per_s.unwrap() - 4.0).abs() < 1e-9);
+        assert_eq!(p.max_dram_mib, p.end_dram_mib);
+    }
+
+    #[test]
+    fn a_manager_that_demotes_what_it_promoted_ends_below_its_most() {
+        let mut r = rec(Manager::Damon, &[0.0; 30]);
+        for (i, s) in r.samples.iter_mut().enumerate() {
+            let mib = if i < 10 { i as u64 * 10 } else { 60 };
+            s.guest_dram_bytes = mib << 20;
+        }
+        let p = promote_speed(&r);
+        assert_eq!(p.max_dram_mib, 90.0);
+        assert_eq!(p.end_dram_mib, 60.0);
     }
 }

@@ -673,8 +673,8 @@ pub fn write(runs: &[WorkloadRuns], md_path: &Path) -> anyhow::Result<()> {
                 .into_iter()
                 .map(metrics::promote_speed)
                 .collect();
-            let _ = writeln!(md, "| manager | promoted MB/s (to 90%) | peak MB/s (10 s) | time to 90% (s) | DRAM at the end (MiB) |");
-            let _ = writeln!(md, "| --- | --- | --- | --- | --- |");
+            let _ = writeln!(md, "| manager | promoted MB/s (to 90%) | peak MB/s (10 s) | time to 90% of the most (s) | most on DRAM (MiB) | on DRAM at the end (MiB) |");
+            let _ = writeln!(md, "| --- | --- | --- | --- | --- | --- |");
             for p in &rows {
                 if let Some(e) = &p.error {
                     let _ = writeln!(md, "| {} | failed: {} |", p.manager, e.replace('|', "/"));
@@ -682,13 +682,14 @@ pub fn write(runs: &[WorkloadRuns], md_path: &Path) -> anyhow::Result<()> {
                 }
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {:.1} |",
+                    "| {} | {} | {} | {} | {:.1} | {:.1} |",
                     p.manager,
                     p.promote_mb_per_s.map_or("-".into(), |v| format!("{v:.1}")),
                     p.peak_promote_mb_per_s
                         .map_or("-".into(), |v| format!("{v:.1}")),
                     secs(p.t90_s),
-                    p.final_dram_mib
+                    p.max_dram_mib,
+                    p.end_dram_mib
                 );
             }
             promote.extend(rows);
