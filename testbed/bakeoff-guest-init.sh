@@ -101,6 +101,12 @@ run() {
 		# what it is blocked in: a round waits for DAMON's next two aggregations
 		[ -r /tmp/agent.stats ] &&
 			echo "TBAGENT $(grep -E '^(rounds|sample_us|aggr_us|last_hot_frames) ' /tmp/agent.stats | tr '\n' ' ')" >/dev/console
+		# no round yet: where it is, and what it said (it logs to /tmp/agent.log)
+		[ -r /tmp/agent.stats ] || {
+			echo "TBAGENTLOG no round written; state $(cut -d' ' -f3 /proc/$AG/stat 2>/dev/null) utime/stime $(cut -d' ' -f14,15 /proc/$AG/stat 2>/dev/null) wchan $(cat /proc/$AG/wchan 2>/dev/null) syscall $(cat /proc/$AG/syscall 2>/dev/null)"
+			sed 's/^/TBAGENTLOG stack /' /proc/$AG/stack 2>/dev/null
+			tail -n 5 /tmp/agent.log | sed 's/^/TBAGENTLOG /'
+		} >/dev/console
 		kill -TERM $AG
 		wait $AG
 		rc=$?
