@@ -105,6 +105,8 @@ run() {
 		[ -r /tmp/agent.stats ] || {
 			echo "TBAGENTLOG no round written; state $(cut -d' ' -f3 /proc/$AG/stat 2>/dev/null) utime/stime $(cut -d' ' -f14,15 /proc/$AG/stat 2>/dev/null) wchan $(cat /proc/$AG/wchan 2>/dev/null) syscall $(cat /proc/$AG/syscall 2>/dev/null)"
 			sed 's/^/TBAGENTLOG stack /' /proc/$AG/stack 2>/dev/null
+			echo "TBAGENTLOG memory $(grep -E '^(VmRSS|VmHWM):' /proc/$AG/status | tr -s ' \n' ' ') guest $(grep -E '^(MemFree|MemAvailable|Shmem|Unevictable):' /proc/meminfo | tr -s ' \n' ' ')"
+			echo "TBAGENTLOG vmstat $(grep -E '^(pgfault|pgmajfault|allocstall_normal|pgscan_direct|pgsteal_direct|oom_kill) ' /proc/vmstat | tr '\n' ' ')"
 			tail -n 5 /tmp/agent.log | sed 's/^/TBAGENTLOG /'
 		} >/dev/console
 		kill -TERM $AG
