@@ -184,12 +184,12 @@ pub fn outcome(r: &RunRecord, baseline: Option<&RunRecord>) -> Outcome {
 
 pub fn promote_speed(r: &RunRecord) -> PromoteSpeed {
     let s = &r.samples;
-    let fin = s.iter().map(|x| x.guest_dram_bytes).max().unwrap_or(0) as f64;
+    let most = s.iter().map(|x| x.guest_dram_bytes).max().unwrap_or(0) as f64;
     let end = s.last().map_or(0, |x| x.guest_dram_bytes) as f64;
     let start = s.first().map_or(0, |x| x.guest_dram_bytes) as f64;
     let reached = s
         .iter()
-        .find(|x| fin > start && x.guest_dram_bytes as f64 >= start + 0.9 * (fin - start));
+        .find(|x| most > start && x.guest_dram_bytes as f64 >= start + 0.9 * (most - start));
     let peak = s
         .windows(11)
         .map(|w| {
@@ -203,7 +203,7 @@ pub fn promote_speed(r: &RunRecord) -> PromoteSpeed {
             .filter(|x| x.t_s > 0.0)
             .map(|x| (x.guest_dram_bytes as f64 - start) / 1e6 / x.t_s),
         peak_promote_mb_per_s: peak.map(|p| p.max(0.0) / 1e6),
-        max_dram_mib: fin / MIB,
+        max_dram_mib: most / MIB,
         end_dram_mib: end / MIB,
         t90_s: reached.map(|x| x.t_s),
         error: r.error.clone(),
