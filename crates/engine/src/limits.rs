@@ -5,7 +5,6 @@
 
 use crate::allowance::Allowances;
 use crate::plan::Direction;
-use crate::pool::QuotaChange;
 use crate::types::{Nanos, VmId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -50,9 +49,6 @@ impl Default for RoundLimits {
 pub struct TokenBucket {
     rate: f64,
     burst_s: f64,
-    /// Bytes the bucket holds at least, whatever its rate (a VM's quota: see
-    /// [`MoveLimits::follow_quotas`]).
-    min_burst: f64,
     tokens: f64,
     last: Nanos,
 }
@@ -66,13 +62,12 @@ impl TokenBucket {
         TokenBucket {
             rate,
             burst_s,
-            min_burst: 0.0,
             tokens: rate * burst_s,
             last: now,
         }
     }
     fn burst(&self) -> f64 {
-        (self.rate * self.burst_s).max(self.min_burst)
+        self.rate * self.burst_s
     }
     pub fn unlimited(&self) -> bool {
         self.rate == 0.0
@@ -128,17 +123,6 @@ impl TokenBucket {
         self.refill(now);
         self.burst_s = burst_s.max(1) as f64;
         self.tokens = self.tokens.min(self.burst());
-    }
-    /// Holds at least `bytes` from now on; a bucket that was full stays full, one that was not
-    /// earns the difference at its rate.
-    pub fn set_min_burst(&mut self, bytes: u64, now: Nanos) {
-        self.refill(now);
-        let full = self.tokens >= self.burst();
-        self.min_burst = bytes as f64;
-        self.tokens = match full {
-            true => self.burst(),
-            false => self.tokens.min(self.burst()),
-        };
     }
     /// Bytes it allows over `window` from now: what it holds plus what it earns meanwhile.
     fn over(&mut self, window: Nanos, now: Nanos) -> u64 {
@@ -198,18 +182,6 @@ impl MoveLimits {
     }
     pub fn remove_vm(&mut self, vm: VmId) {
         self.per_vm.remove(&vm);
-    }
-    /// Each VM's buckets hold at least its fast quota, both ways: a VM whose hot set moves
-    /// (a phase change) can exchange the whole of it at once, as the burst is meant to allow,
-    /// however large its quota is against `burst_s` seconds of its rate; one that keeps
-    /// flipping is still held to its rate once that is spent. Called with every quota change,
-    /// a VM's first included.
-    pub fn follow_quotas(&mut self, changes: &[QuotaChange], now: Nanos) {
-        for c in changes {
-            if let Some(b) = self.per_vm.get_mut(&c.vm) {
-                b.iter_mut().for_each(|b| b.set_min_burst(c.to_bytes, now));
-            }
-        }
     }
     /// Takes bytes from the global and the VM's bucket; returns the wait.
     pub fn take(&mut self, vm: VmId, dir: Direction, bytes: u64, now: Nanos) -> Nanos {
@@ -324,50 +296,5 @@ mod tests {
         let later = Nanos(1000 * S);
         let (_, a) = l.round_inputs(Nanos(S), later);
         assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&9_000_000));
-    }
-
-    fn quota(vm: u32, to_bytes: u64) -> QuotaChange {
-        QuotaChange {
-            vm: VmId(vm),
-            from_bytes: 0,
-            to_bytes,
-            hot_set_bytes: 0,
-            reason: crate::pool::QuotaReason::Initial,
-            at: Nanos(0),
-        }
-    }
-
-    /// A VM whose quota is larger than its burst exchanges the whole quota at once (a phase
-    /// change), and is then held to its rate; its quota shrinking brings the burst back down.
-    #[test]
-    fn a_vm_burst_holds_its_quota() {
-        let t0 = Nanos(0);
-        let mut l = MoveLimits::new(0, 0, 8, t0);
-        l.set_vm(VmId(1), 1, 1, t0);
-        l.set_vm(VmId(2), 1, 1, t0);
-        l.follow_quotas(
-            &[quota(1, 20_000_000), quota(2, 4_000_000), quota(3, 1 << 30)],
-            t0,
-        );
-        let (_, a) = l.round_inputs(Nanos(0), t0);
-        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&20_000_000));
-        assert_eq!(a.get(&(VmId(1), Direction::Demote)), Some(&20_000_000));
-        assert_eq!(
-            a.get(&(VmId(2), Direction::Promote)),
-            Some(&8_000_000),
-            "rate x burst_s"
-        );
-        assert_eq!(a.get(&(VmId(3), Direction::Promote)), None, "no own limit");
-        assert_eq!(
-            l.take(VmId(1), Direction::Promote, 20_000_000, t0),
-            Nanos(0)
-        );
-        assert!(l.vm_throttled(VmId(1), Direction::Promote, 1, t0));
-        // Refills at its rate: 5 s earn 5 MB.
-        let (_, a) = l.round_inputs(Nanos(0), Nanos(5 * S));
-        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&5_000_000));
-        l.follow_quotas(&[quota(1, 2_000_000)], Nanos(100 * S));
-        let (_, a) = l.round_inputs(Nanos(0), Nanos(100 * S));
-        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&8_000_000));
     }
 }

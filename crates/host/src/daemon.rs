@@ -431,12 +431,16 @@ impl Daemon {
             &self.cfg.channel,
             initial.to_bytes,
         );
-        {
-            let now = Instant::now();
-            let mut l = self.mover.limits.lock().unwrap_or_else(|e| e.into_inner());
-            l.set_vm(id, settings.promote_mbps, settings.demote_mbps, now);
-            l.follow_quotas(std::slice::from_ref(&initial), now);
-        }
+        self.mover
+            .limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_vm(
+                id,
+                settings.promote_mbps,
+                settings.demote_mbps,
+                Instant::now(),
+            );
         self.reconcile.restart(id);
         self.count_quota_change(&initial);
         let l = settings.pool_limits;
@@ -910,11 +914,6 @@ impl Daemon {
 
     /// Quota changes the round made: the guests are told, the log and the status say why.
     fn report_quota_changes(&mut self, changes: &[QuotaChange]) {
-        self.mover
-            .limits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .follow_quotas(changes, Instant::now());
         for c in changes {
             let Some(v) = self.registry.get(c.vm) else {
                 continue;

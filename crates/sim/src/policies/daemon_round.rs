@@ -109,12 +109,6 @@ impl DaemonRound {
     pub fn pool(&self) -> &FastPool {
         self.tiering.pool()
     }
-
-    /// Quota changes reach the move limits (each VM's burst holds its quota) and the record.
-    fn record(&mut self, changes: Vec<QuotaChange>, now: Nanos) {
-        self.limits.follow_quotas(&changes, now);
-        self.changes.extend(changes);
-    }
 }
 
 fn engine_error(vm: VmId, e: RoundError) -> EngineError {
@@ -138,10 +132,10 @@ impl Policy for DaemonRound {
             .tiering
             .add_vm(spec, limits, Nanos(0))
             .map_err(|e| engine_error(vm, e))?;
+        self.changes.push(c);
         let r = &self.cadence;
         self.limits
             .set_vm(vm, r.vm_promote_mbps, r.vm_demote_mbps, Nanos(0));
-        self.record(vec![c], Nanos(0));
         Ok(())
     }
 
@@ -170,7 +164,7 @@ impl Policy for DaemonRound {
             .tiering
             .set_limits(vm, fixed, Nanos(0))
             .map_err(|e| engine_error(vm, e))?;
-        self.record(changes, Nanos(0));
+        self.changes.extend(changes);
         Ok(())
     }
 
@@ -225,7 +219,7 @@ impl Policy for DaemonRound {
         for m in &out.plan.moves {
             self.limits.take(m.vm, m.kind.direction(), m.bytes(), now);
         }
-        self.record(out.quota_changes, now);
+        self.changes.extend(out.quota_changes);
         if !self.backing.never_split {
             self.backing.asked.extend(out.splits);
         }
