@@ -19,9 +19,13 @@ log() { echo "packaging-rootfs: $*" >&2; }
 # What an operator's KVM host has for vtism (libvirt, QEMU, systemd), what a guest needs for the
 # DKMS package (dkms, a compiler, the running kernel's headers), man-db (systemd-analyze verify
 # looks up the unit's man: documentation), and python3 for the checks.
+# The kernel as scripts/guest-kernels.sh takes it: the -unsigned image where the archive has
+# it (bookworm-security carries 6.12.118's only as -unsigned; the signed one is not there).
+kimg=linux-image-$kver-unsigned
+apt-cache show "$kimg" >/dev/null 2>&1 || kimg=linux-image-$kver
 pkgs=(systemd-sysv dbus kmod iproute2 procps python3 udev man-db
 	libvirt-daemon-system libvirt-clients libvirt-daemon-driver-qemu qemu-system-x86
-	apparmor dkms make gcc-12 "linux-image-$kver" "linux-headers-$kver")
+	apparmor dkms make gcc-12 "$kimg" "linux-headers-$kver")
 
 key=$(cat "$0" "$here/vtism-test.service" | sha256sum | cut -c1-16)
 img=$out/rootfs-$kver-$key.ext4

@@ -27,6 +27,7 @@ log "building the e2e harness (release)"
 nice -n 10 cargo build --release -q -p vtism-host --example e2e-harness >&2
 t=$SECONDS
 eval "$(tests/packaging/mkrootfs.sh "$KVER" build/packaging | grep -E "^(IMAGE|KERNEL|INITRD)=")"
+[ -n "${IMAGE:-}" ] || die "building the root filesystem failed (tests/packaging/mkrootfs.sh, above)"
 log "root filesystem ready in $((SECONDS - t)) s: $IMAGE"
 
 out=$(mktemp -d /tmp/vtism-packaging.XXXXXX)
