@@ -5,9 +5,10 @@
 
 use crate::allowance::Allowances;
 use crate::plan::Direction;
+use crate::pool::QuotaChange;
 use crate::types::{Nanos, VmId};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The daemon's round cadence and move limits, with their defaults: what `vtismd` runs unless
 /// its configuration says otherwise, and what `vtism sim` runs vtism with.
@@ -49,6 +50,9 @@ impl Default for RoundLimits {
 pub struct TokenBucket {
     rate: f64,
     burst_s: f64,
+    /// Bytes the bucket holds at least, whatever its rate (a VM's quota: see
+    /// [`MoveLimits::follow_quotas`]).
+    min_burst: f64,
     tokens: f64,
     last: Nanos,
 }
@@ -62,12 +66,13 @@ impl TokenBucket {
         TokenBucket {
             rate,
             burst_s,
+            min_burst: 0.0,
             tokens: rate * burst_s,
             last: now,
         }
     }
     fn burst(&self) -> f64 {
-        self.rate * self.burst_s
+        (self.rate * self.burst_s).max(self.min_burst)
     }
     pub fn unlimited(&self) -> bool {
         self.rate == 0.0
@@ -124,6 +129,17 @@ impl TokenBucket {
         self.burst_s = burst_s.max(1) as f64;
         self.tokens = self.tokens.min(self.burst());
     }
+    /// Holds at least `bytes` from now on; a bucket that was full stays full, one that was not
+    /// earns the difference at its rate.
+    pub fn set_min_burst(&mut self, bytes: u64, now: Nanos) {
+        self.refill(now);
+        let full = self.tokens >= self.burst();
+        self.min_burst = bytes as f64;
+        self.tokens = match full {
+            true => self.burst(),
+            false => self.tokens.min(self.burst()),
+        };
+    }
     /// Bytes it allows over `window` from now: what it holds plus what it earns meanwhile.
     fn over(&mut self, window: Nanos, now: Nanos) -> u64 {
         let avail = self.available(now) as f64 + self.rate * window.as_secs_f64();
@@ -136,6 +152,8 @@ impl TokenBucket {
 pub struct MoveLimits {
     global: [TokenBucket; 2],
     per_vm: BTreeMap<VmId, [TokenBucket; 2]>,
+    /// VMs whose rates the operator set for them: their bursts stay `burst_s` of those rates.
+    own_rates: BTreeSet<VmId>,
     burst_s: u64,
 }
 
@@ -153,6 +171,7 @@ impl MoveLimits {
         MoveLimits {
             global: pair(promote_mbps, demote_mbps, burst_s, now),
             per_vm: BTreeMap::new(),
+            own_rates: BTreeSet::new(),
             burst_s,
         }
     }
@@ -182,6 +201,31 @@ impl MoveLimits {
     }
     pub fn remove_vm(&mut self, vm: VmId) {
         self.per_vm.remove(&vm);
+        self.own_rates.remove(&vm);
+    }
+    /// Whether the VM's rates are its own (set for it by the operator): an own rate is a bound
+    /// the operator chose, so its burst is `burst_s` of it and never follows the quota.
+    pub fn set_own_rates(&mut self, vm: VmId, own: bool, now: Nanos) {
+        if !own {
+            self.own_rates.remove(&vm);
+            return;
+        }
+        self.own_rates.insert(vm);
+        if let Some(b) = self.per_vm.get_mut(&vm) {
+            b.iter_mut().for_each(|b| b.set_min_burst(0, now));
+        }
+    }
+    /// Each VM's buckets hold at least its fast quota, both ways: a VM whose hot set moves
+    /// (a phase change) can exchange the whole of it at once, as the burst is meant to allow,
+    /// however large its quota is against `burst_s` seconds of its rate; one that keeps
+    /// flipping is still held to its rate once that is spent. Called with every quota change,
+    /// a VM's first included; VMs with their own rates are passed over.
+    pub fn follow_quotas(&mut self, changes: &[QuotaChange], now: Nanos) {
+        for c in changes.iter().filter(|c| !self.own_rates.contains(&c.vm)) {
+            if let Some(b) = self.per_vm.get_mut(&c.vm) {
+                b.iter_mut().for_each(|b| b.set_min_burst(c.to_bytes, now));
+            }
+        }
     }
     /// Takes bytes from the global and the VM's bucket; returns the wait.
     pub fn take(&mut self, vm: VmId, dir: Direction, bytes: u64, now: Nanos) -> Nanos {
@@ -296,5 +340,68 @@ mod tests {
         let later = Nanos(1000 * S);
         let (_, a) = l.round_inputs(Nanos(S), later);
         assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&9_000_000));
+    }
+
+    fn quota(vm: u32, to_bytes: u64) -> QuotaChange {
+        QuotaChange {
+            vm: VmId(vm),
+            from_bytes: 0,
+            to_bytes,
+            hot_set_bytes: 0,
+            reason: crate::pool::QuotaReason::Initial,
+            at: Nanos(0),
+        }
+    }
+
+    /// A VM whose quota is larger than its burst exchanges the whole quota at once (a phase
+    /// change), and is then held to its rate; its quota shrinking brings the burst back down.
+    #[test]
+    fn a_vm_burst_holds_its_quota() {
+        let t0 = Nanos(0);
+        let mut l = MoveLimits::new(0, 0, 8, t0);
+        l.set_vm(VmId(1), 1, 1, t0);
+        l.set_vm(VmId(2), 1, 1, t0);
+        l.follow_quotas(
+            &[quota(1, 20_000_000), quota(2, 4_000_000), quota(3, 1 << 30)],
+            t0,
+        );
+        let (_, a) = l.round_inputs(Nanos(0), t0);
+        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&20_000_000));
+        assert_eq!(a.get(&(VmId(1), Direction::Demote)), Some(&20_000_000));
+        assert_eq!(
+            a.get(&(VmId(2), Direction::Promote)),
+            Some(&8_000_000),
+            "rate x burst_s"
+        );
+        assert_eq!(a.get(&(VmId(3), Direction::Promote)), None, "no own limit");
+        assert_eq!(
+            l.take(VmId(1), Direction::Promote, 20_000_000, t0),
+            Nanos(0)
+        );
+        assert!(l.vm_throttled(VmId(1), Direction::Promote, 1, t0));
+        // Refills at its rate: 5 s earn 5 MB.
+        let (_, a) = l.round_inputs(Nanos(0), Nanos(5 * S));
+        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&5_000_000));
+        l.follow_quotas(&[quota(1, 2_000_000)], Nanos(100 * S));
+        let (_, a) = l.round_inputs(Nanos(0), Nanos(100 * S));
+        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&8_000_000));
+    }
+
+    /// Rates the operator set for a VM bind as set: its burst stays `burst_s` of them whatever
+    /// its quota, and turning them into its own drops a floor it had.
+    #[test]
+    fn own_rates_keep_their_burst() {
+        let t0 = Nanos(0);
+        let mut l = MoveLimits::new(0, 0, 1, t0);
+        l.set_vm(VmId(1), 2, 2, t0);
+        l.set_own_rates(VmId(1), true, t0);
+        l.set_vm(VmId(2), 2, 2, t0);
+        l.follow_quotas(&[quota(1, 48 << 20), quota(2, 48 << 20)], t0);
+        let (_, a) = l.round_inputs(Nanos(0), t0);
+        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&2_000_000));
+        assert_eq!(a.get(&(VmId(2), Direction::Promote)), Some(&(48 << 20)));
+        l.set_own_rates(VmId(2), true, t0);
+        let (_, a) = l.round_inputs(Nanos(0), t0);
+        assert_eq!(a.get(&(VmId(2), Direction::Demote)), Some(&2_000_000));
     }
 }

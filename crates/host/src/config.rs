@@ -1146,9 +1146,12 @@ pub struct VmSettings {
     pub limits: QuotaLimits,
     /// What the pool enforces: the share exactly in island mode, the limits in pool mode.
     pub pool_limits: VmLimits,
-    /// The VM's own move rate limits, MB/s (0 = none).
+    /// The VM's move rate limits, MB/s (0 = none).
     pub promote_mbps: u64,
     pub demote_mbps: u64,
+    /// Whether its `[[vm]]` entry sets them: then they bind as set, their burst never
+    /// following the quota (`MoveLimits::set_own_rates`).
+    pub own_rates: bool,
     /// Whether DAMON on the host watches the VM (`auto`: when it has no channel).
     pub host_tracking: HostTrackingMode,
 }
@@ -1173,6 +1176,7 @@ impl Config {
             demote_mbps: entry
                 .and_then(|e| e.demote_mbps)
                 .unwrap_or(self.mover.vm_demote_mbps),
+            own_rates: entry.is_some_and(|e| e.promote_mbps.is_some() || e.demote_mbps.is_some()),
             host_tracking: entry
                 .and_then(|e| e.host_tracking)
                 .unwrap_or(self.host_tracking.mode),
@@ -1519,11 +1523,10 @@ mod tests {
         assert_eq!(c.mover.promote_mbps, 4 * s.promote_mbps);
         let shipped = Config::parse(include_str!("../../../packaging/vtismd.toml")).unwrap();
         assert_eq!(shipped.mover, c.mover);
+        assert!(!s.own_rates, "the defaults' burst follows the quota");
         let own = Config::parse("[[vm]]\nname = \"x\"\npromote_mbps = 0\n").unwrap();
-        assert_eq!(
-            own.vm_settings("x", Path::new("/r"), 1 << 30).promote_mbps,
-            0
-        );
+        let s = own.vm_settings("x", Path::new("/r"), 1 << 30);
+        assert_eq!((s.promote_mbps, s.own_rates), (0, true));
     }
 
     /// Every numeric field has an upper bound (issue 14: unbounded `max_entries`, `entry_budget`

@@ -431,16 +431,13 @@ impl Daemon {
             &self.cfg.channel,
             initial.to_bytes,
         );
-        self.mover
-            .limits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_vm(
-                id,
-                settings.promote_mbps,
-                settings.demote_mbps,
-                Instant::now(),
-            );
+        {
+            let now = Instant::now();
+            let mut l = self.mover.limits.lock().unwrap_or_else(|e| e.into_inner());
+            l.set_vm(id, settings.promote_mbps, settings.demote_mbps, now);
+            l.set_own_rates(id, settings.own_rates, now);
+            l.follow_quotas(std::slice::from_ref(&initial), now);
+        }
         self.reconcile.restart(id);
         self.count_quota_change(&initial);
         let l = settings.pool_limits;
@@ -914,6 +911,11 @@ impl Daemon {
 
     /// Quota changes the round made: the guests are told, the log and the status say why.
     fn report_quota_changes(&mut self, changes: &[QuotaChange]) {
+        self.mover
+            .limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .follow_quotas(changes, Instant::now());
         for c in changes {
             let Some(v) = self.registry.get(c.vm) else {
                 continue;
@@ -1013,6 +1015,7 @@ impl Daemon {
             l.set_global(cfg.mover.promote_mbps, cfg.mover.demote_mbps, now);
             for (id, s) in &settings {
                 l.set_vm(*id, s.promote_mbps, s.demote_mbps, now);
+                l.set_own_rates(*id, s.own_rates, now);
             }
         }
         for (id, s) in settings {

@@ -3,7 +3,7 @@
 //! each round's plan; per-VM ones cut each VM's share of it and pace its moves.
 
 use std::time::{Duration, Instant};
-use vtism_engine::{Allowances, Direction, MoveLimits, Nanos, VmId};
+use vtism_engine::{Allowances, Direction, MoveLimits, Nanos, QuotaChange, VmId};
 
 /// The buckets, and the instant their clock counts from.
 pub struct Limits {
@@ -33,8 +33,18 @@ impl Limits {
         let now = self.at(now);
         self.inner.set_vm(vm, promote_mbps, demote_mbps, now);
     }
+    /// Whether the VM's rates are its own ([`MoveLimits::set_own_rates`]).
+    pub fn set_own_rates(&mut self, vm: VmId, own: bool, now: Instant) {
+        let now = self.at(now);
+        self.inner.set_own_rates(vm, own, now);
+    }
     pub fn remove_vm(&mut self, vm: VmId) {
         self.inner.remove_vm(vm);
+    }
+    /// Each VM's buckets hold at least its quota ([`MoveLimits::follow_quotas`]).
+    pub fn follow_quotas(&mut self, changes: &[QuotaChange], now: Instant) {
+        let now = self.at(now);
+        self.inner.follow_quotas(changes, now);
     }
     /// Takes bytes from the global and the VM's bucket; returns the wait.
     pub fn take(&mut self, vm: VmId, dir: Direction, bytes: u64, now: Instant) -> Duration {

@@ -109,6 +109,12 @@ impl DaemonRound {
     pub fn pool(&self) -> &FastPool {
         self.tiering.pool()
     }
+
+    /// Quota changes reach the move limits (each VM's burst holds its quota) and the record.
+    fn record(&mut self, changes: Vec<QuotaChange>, now: Nanos) {
+        self.limits.follow_quotas(&changes, now);
+        self.changes.extend(changes);
+    }
 }
 
 fn engine_error(vm: VmId, e: RoundError) -> EngineError {
@@ -132,10 +138,10 @@ impl Policy for DaemonRound {
             .tiering
             .add_vm(spec, limits, Nanos(0))
             .map_err(|e| engine_error(vm, e))?;
-        self.changes.push(c);
         let r = &self.cadence;
         self.limits
             .set_vm(vm, r.vm_promote_mbps, r.vm_demote_mbps, Nanos(0));
+        self.record(vec![c], Nanos(0));
         Ok(())
     }
 
@@ -164,7 +170,7 @@ impl Policy for DaemonRound {
             .tiering
             .set_limits(vm, fixed, Nanos(0))
             .map_err(|e| engine_error(vm, e))?;
-        self.changes.extend(changes);
+        self.record(changes, Nanos(0));
         Ok(())
     }
 
@@ -219,7 +225,7 @@ impl Policy for DaemonRound {
         for m in &out.plan.moves {
             self.limits.take(m.vm, m.kind.direction(), m.bytes(), now);
         }
-        self.changes.extend(out.quota_changes);
+        self.record(out.quota_changes, now);
         if !self.backing.never_split {
             self.backing.asked.extend(out.splits);
         }
@@ -363,7 +369,7 @@ mod tests {
         let round_budget = params.round_budget_bytes;
         let engine = VtismPolicy::new(topo, params).unwrap();
         let frames: u64 = 1 << 20; // 4 GiB
-        let quota = 2u64 << 30;
+        let quota = 1u64 << 30;
         let limits = RoundLimits {
             vm_promote_mbps: 64,
             ..RoundLimits::DEFAULT
@@ -379,14 +385,21 @@ mod tests {
         })
         .unwrap();
         r.set_placement(vm, Gfn(0), frames, Some(SLOW)).unwrap();
-        let hot: Vec<HintEntry> = (0..frames / 4)
-            .map(|g| HintEntry::new(Gfn(g), 200, false, PageType::Anon, false, true))
-            .collect();
+        let half = frames / 4;
+        let flip = |second: u64| -> Vec<HintEntry> {
+            (0..2 * half)
+                .map(|g| {
+                    let hot = (g < half) == second.is_multiple_of(2);
+                    let level = if hot { 200 } else { 40 };
+                    HintEntry::new(Gfn(g), level, false, PageType::Anon, false, true)
+                })
+                .collect()
+        };
         let vm_limit = 64_000_000;
         let mut planned = Vec::new();
         for epoch in 0..30u64 {
             let now = Nanos::from_millis(epoch * 100);
-            observe_levels(&mut r, vm, &hot, now);
+            observe_levels(&mut r, vm, &flip(epoch / 10), now);
             let plan = r.plan(&PlanContext::default(), now);
             let promoted: u64 = plan
                 .moves
@@ -400,12 +413,19 @@ mod tests {
         }
         let epochs: Vec<u64> = planned.iter().map(|p| p.0).collect();
         assert_eq!(epochs, vec![0, 10, 20], "a round a second: {planned:?}");
+        assert!(
+            planned[0].1 > vm_limit * (limits.burst_s + 1) + (2 << 20),
+            "the first round moves more than burst_s of the rate allows: {planned:?}"
+        );
         let mut total = 0;
         for (k, &(_, bytes)) in planned.iter().enumerate() {
             assert!(bytes > 0 && bytes <= round_budget, "{planned:?}");
             total += bytes;
-            let seconds = k as u64 + 1 + limits.burst_s;
-            assert!(total <= (vm_limit + (2 << 20)) * seconds, "{planned:?}");
+            let seconds = k as u64 + 1;
+            assert!(
+                total <= quota + (vm_limit + (2 << 20)) * seconds,
+                "{planned:?}"
+            );
         }
     }
 }
