@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the root filesystem of the packaging test's emulated host: Debian 12 from the apt
 # registry (mmdebstrap), with systemd as init, Debian's libvirt daemon and QEMU, dkms with the
-# headers of the kernel it boots, and the kernel itself (linux-image-<KVER>, so the rootfs boots
-# its own kernel and initrd and has its modules). Nothing is installed on this machine: the tree
+# headers of the kernel it boots, and the kernel itself (linux-image-<KVER>, or its -unsigned
+# build where the archive has that, so the rootfs boots its own kernel and initrd and has its modules). Nothing is installed on this machine: the tree
 # lives under build/ and becomes an ext4 image that the test boots with -snapshot, so every run
 # starts from the same clean system.
 #
