@@ -434,6 +434,7 @@ fn track<R: SharedRegion>(
         "DAMON started"
     );
     let mut frames = Frames::new(iv.sample_us as f64 / 1e6, cfg.max_tracked);
+    frames.set_stop(stopped);
     let cap = confirm_cap(cfg.confirm_frames, max_regions, ranges.len());
     let mut confirm = Confirm::new(cap, confirm::ADMIT_SHARE);
     let mut stats = Stats {
@@ -461,7 +462,11 @@ fn track<R: SharedRegion>(
         let round_start_own = cpu::own_cpu_ns();
         stats.regions_cpu_us += round_start_own.saturating_sub(regions_start) / 1000;
         let samples = iv.samples();
-        let observed = frames.observe(&regions, samples as u32, flags)?;
+        let observed = match frames.observe(&regions, samples as u32, flags) {
+            Ok(o) => o,
+            Err(_) if stopped() => break,
+            Err(e) => return Err(e.into()),
+        };
         let share = access_share(&regions, samples, monitored);
         let fb = w.read_feedback().ok().flatten();
         let quota = fb.map_or(0, |f| f.fast_quota_bytes);

@@ -63,6 +63,34 @@ pub struct Ranked {
     pub hot_frames: u64,
 }
 
+/// The kpageflags of a run of frames read in one go. A read covers at most what the region
+/// being marked still needs (up to `CHUNK`): DAMON keeps 1,000 or more regions, most far
+/// smaller than a chunk, and a whole chunk read at each one's start had the kernel compute the
+/// flags of some 4 million frames a round for a guest of 100 thousand.
+#[derive(Default)]
+struct FlagWindow {
+    buf: Vec<u64>,
+    base: u64,
+}
+
+impl FlagWindow {
+    fn holds(&self, pfn: u64) -> bool {
+        pfn >= self.base && pfn - self.base < self.buf.len() as u64
+    }
+
+    fn get(&self, pfn: u64) -> u64 {
+        self.buf[(pfn - self.base) as usize]
+    }
+
+    /// The flags of `pfn` up to `end` (exclusive, > pfn), at most `CHUNK` of them.
+    fn read(&mut self, pfn: u64, end: u64, flags: &dyn FlagSource) -> io::Result<()> {
+        let n = (end - pfn).min(CHUNK) as usize;
+        self.buf.resize(n, 0);
+        self.base = pfn;
+        flags.flags(pfn, &mut self.buf)
+    }
+}
+
 /// Per-frame shares.
 #[derive(Debug)]
 pub struct Frames {
@@ -74,6 +102,8 @@ pub struct Frames {
     states: FxHashMap<u64, State>,
     stamp: u32,
     evicted: u64,
+    /// Asked between reads of the flags: true abandons the aggregation (`Interrupted`).
+    stop: fn() -> bool,
 }
 
 impl Frames {
@@ -85,7 +115,15 @@ impl Frames {
             states: FxHashMap::default(),
             stamp: 0,
             evicted: 0,
+            stop: || false,
         }
+    }
+
+    /// `stop` is asked before each read of the flags; once it says true, [`Frames::observe`]
+    /// gives up with `ErrorKind::Interrupted`, no share updated. A whole
+    /// aggregation can take minutes of CPU in a slow guest, and SIGTERM must not wait for it.
+    pub fn set_stop(&mut self, stop: fn() -> bool) {
+        self.stop = stop;
     }
 
     /// Frames (units) with a share.
@@ -176,28 +214,29 @@ impl Frames {
         let mut units = 0;
         let mut heads = Vec::new();
         let slack = self.max_tracked + self.max_tracked / 8;
-        let mut buf = vec![0u64; CHUNK as usize];
+        let mut win = FlagWindow::default();
         for r in regions.iter().filter(|r| r.nr_accesses > 0) {
             let p = (r.nr_accesses.min(samples) as f64 / samples as f64) as f32;
             bytes += r.end - r.start;
             let end = r.end.div_ceil(4096);
-            let mut base = u64::MAX;
             let mut pfn = r.start >> 12;
             while pfn < end {
-                if pfn < base || pfn >= base + CHUNK {
-                    base = pfn;
-                    flags.flags(base, &mut buf)?;
+                if !win.holds(pfn) {
+                    if (self.stop)() {
+                        return Err(io::Error::new(io::ErrorKind::Interrupted, "asked to stop"));
+                    }
+                    win.read(pfn, end, flags)?;
                     if self.states.len() > slack {
                         self.evict_to(self.max_tracked, windows);
                     }
                 }
-                let f = buf[(pfn - base) as usize];
+                let f = win.get(pfn);
                 if f & kpageflags::THP != 0
                     && (kpageflags::is_thp_head(f) || kpageflags::is_tail(f))
                 {
                     let head = pfn & !(HUGE_FRAMES - 1);
-                    let hf = if head >= base {
-                        buf[(head - base) as usize]
+                    let hf = if win.holds(head) {
+                        win.get(head)
                     } else {
                         let mut one = [0u64; 1];
                         flags.flags(head, &mut one)?;
@@ -450,6 +489,53 @@ mod tests {
             assert!(fr.share(g) > 0.5, "frame {g}");
         }
         assert!(fr.ranked().entries.len() <= 10);
+    }
+
+    /// Counts the frames whose flags were asked for.
+    struct Counting<'a>(&'a BTreeMap<u64, u64>, std::cell::Cell<u64>);
+
+    impl FlagSource for Counting<'_> {
+        fn flags(&self, first: u64, out: &mut [u64]) -> io::Result<()> {
+            self.1.set(self.1.get() + out.len() as u64);
+            self.0.flags(first, out)
+        }
+    }
+
+    #[test]
+    fn flags_are_read_for_the_regions_frames_only() {
+        let mut f = flags();
+        for p in 4000..20_000 {
+            f.insert(p, ANON | LRU);
+        }
+        let counting = Counting(&f, Default::default());
+        // 1,000 small regions as DAMON keeps them, every one accessed, a THP among them
+        let mut regions: Vec<Region> = (0..1000).map(|i| region(4000 + 16 * i, 8, 5)).collect();
+        regions.insert(0, region(1100, 100, 5));
+        let mut fr = Frames::new(0.1, 1 << 20);
+        let o = fr.observe(&regions, 20, &counting).unwrap();
+        assert_eq!(o.units, 1 + 8000);
+        // the regions' 8,100 frames and the THP's head, not a chunk of 4,096 per region
+        assert_eq!(counting.1.get(), 8000 + 100 + 1);
+        // a region inside frames already read reads nothing more
+        counting.1.set(0);
+        fr.observe(&[region(2000, 100, 5), region(2050, 10, 5)], 20, &counting)
+            .unwrap();
+        assert_eq!(counting.1.get(), 100);
+    }
+
+    static STOP_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    #[test]
+    fn a_stop_abandons_the_aggregation() {
+        let f = flags();
+        let mut fr = Frames::new(0.1, 1 << 20);
+        fr.observe(&[region(2000, 100, 10)], 20, &f).unwrap();
+        let before = fr.share(2000);
+        fr.set_stop(|| STOP_ASKED.load(std::sync::atomic::Ordering::SeqCst));
+        STOP_ASKED.store(true, std::sync::atomic::Ordering::SeqCst);
+        let e = fr.observe(&[region(2000, 100, 20)], 20, &f).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::Interrupted);
+        assert_eq!(fr.share(2000), before);
     }
 
     #[test]
