@@ -154,6 +154,9 @@ pub struct MoveLimits {
     per_vm: BTreeMap<VmId, [TokenBucket; 2]>,
     /// VMs whose rates the operator set for them: their bursts stay `burst_s` of those rates.
     own_rates: BTreeSet<VmId>,
+    /// Each VM's quota as [`MoveLimits::follow_quotas`] last heard it, own rates or not, so that
+    /// a VM whose own rates are removed holds its quota again at once.
+    quotas: BTreeMap<VmId, u64>,
     burst_s: u64,
 }
 
@@ -172,6 +175,7 @@ impl MoveLimits {
             global: pair(promote_mbps, demote_mbps, burst_s, now),
             per_vm: BTreeMap::new(),
             own_rates: BTreeSet::new(),
+            quotas: BTreeMap::new(),
             burst_s,
         }
     }
@@ -202,17 +206,22 @@ impl MoveLimits {
     pub fn remove_vm(&mut self, vm: VmId) {
         self.per_vm.remove(&vm);
         self.own_rates.remove(&vm);
+        self.quotas.remove(&vm);
     }
     /// Whether the VM's rates are its own (set for it by the operator): an own rate is a bound
-    /// the operator chose, so its burst is `burst_s` of it and never follows the quota.
+    /// the operator chose, so its burst is `burst_s` of it and never follows the quota. A VM
+    /// whose rates stop being its own holds its last quota again (`follow_quotas`).
     pub fn set_own_rates(&mut self, vm: VmId, own: bool, now: Nanos) {
-        if !own {
-            self.own_rates.remove(&vm);
-            return;
-        }
-        self.own_rates.insert(vm);
+        let floor = match own {
+            true => {
+                self.own_rates.insert(vm);
+                0
+            }
+            false if self.own_rates.remove(&vm) => self.quotas.get(&vm).copied().unwrap_or(0),
+            false => return,
+        };
         if let Some(b) = self.per_vm.get_mut(&vm) {
-            b.iter_mut().for_each(|b| b.set_min_burst(0, now));
+            b.iter_mut().for_each(|b| b.set_min_burst(floor, now));
         }
     }
     /// Each VM's buckets hold at least its fast quota, both ways: a VM whose hot set moves
@@ -221,6 +230,9 @@ impl MoveLimits {
     /// flipping is still held to its rate once that is spent. Called with every quota change,
     /// a VM's first included; VMs with their own rates are passed over.
     pub fn follow_quotas(&mut self, changes: &[QuotaChange], now: Nanos) {
+        for c in changes {
+            self.quotas.insert(c.vm, c.to_bytes);
+        }
         for c in changes.iter().filter(|c| !self.own_rates.contains(&c.vm)) {
             if let Some(b) = self.per_vm.get_mut(&c.vm) {
                 b.iter_mut().for_each(|b| b.set_min_burst(c.to_bytes, now));
@@ -403,5 +415,15 @@ mod tests {
         l.set_own_rates(VmId(2), true, t0);
         let (_, a) = l.round_inputs(Nanos(0), t0);
         assert_eq!(a.get(&(VmId(2), Direction::Demote)), Some(&2_000_000));
+        // A reload removes VM 1's own rates: it holds its quota again, with no quota change;
+        // the quota it heard while its rates were its own is the one it holds.
+        l.follow_quotas(&[quota(1, 40 << 20)], t0);
+        l.set_own_rates(VmId(1), false, t0);
+        let (_, a) = l.round_inputs(Nanos(0), t0);
+        assert_eq!(a.get(&(VmId(1), Direction::Promote)), Some(&(40 << 20)));
+        // Telling a VM that follows its quota so again changes nothing.
+        l.set_own_rates(VmId(1), false, t0);
+        let (_, a) = l.round_inputs(Nanos(0), t0);
+        assert_eq!(a.get(&(VmId(1), Direction::Demote)), Some(&(40 << 20)));
     }
 }
