@@ -101,7 +101,7 @@ run() {
 		# what it is blocked in: a round waits for DAMON's next two aggregations, whose length
 		# follows the agent's CPU per round (crates/guest/src/intervals.rs): where that CPU went
 		[ -r /tmp/agent.stats ] &&
-			echo "TBAGENT $(grep -E '^(rounds|sample_us|aggr_us|last_hot_frames|last_regions|tracked|kdamond_cpu_us|agent_cpu_us|regions_cpu_us|observe_cpu_us|publish_cpu_us|commit_cpu_us|elapsed_us) ' /tmp/agent.stats | tr '\n' ' ')" >/dev/console
+			echo "TBAGENT $(grep -E '^(rounds|sample_us|aggr_us|last_hot_frames|last_regions|tracked|kdamond_cpu_us|agent_cpu_us|regions_cpu_us|observe_cpu_us|publish_cpu_us|commit_cpu_us|elapsed_us) ' /tmp/agent.stats | tr '\n' ' ') utime/stime_ticks $(cut -d' ' -f14,15 /proc/$AG/stat 2>/dev/null)" >/dev/console
 		# no round yet: where it is, and what it said (it logs to /tmp/agent.log)
 		[ -r /tmp/agent.stats ] || {
 			echo "TBAGENTLOG no round written; state $(cut -d' ' -f3 /proc/$AG/stat 2>/dev/null) utime/stime $(cut -d' ' -f14,15 /proc/$AG/stat 2>/dev/null) wchan $(cat /proc/$AG/wchan 2>/dev/null) syscall $(cat /proc/$AG/syscall 2>/dev/null)"
